@@ -1,0 +1,70 @@
+//! The `cordis` host as a library: the binary, the end-to-end tests and the benchmarks all
+//! drive the same [`Host`].
+//!
+//! Flow: `cordis.yml` → [`manifest`] → [`plan`] (libraries loaded by [`loader`], whole
+//! composition validated) → [`registry`] (entries applied in dependency order) → front-ends
+//! call tools in a session from [`sessions`].
+
+pub mod diag;
+pub mod loader;
+pub mod manifest;
+pub mod plan;
+pub mod registry;
+pub mod sessions;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordis_sdk::host::{SessionsClient, SESSIONS};
+use cordis_sdk::Interface;
+
+use crate::diag::Diagnostics;
+use crate::loader::{SearchPath, ServiceSpec};
+use crate::plan::{Plan, PlanOptions};
+use crate::registry::Registry;
+use crate::sessions::{SessionStore, SessionsService};
+
+/// Everything needed to plan and apply a composition.
+pub struct Host {
+    /// The manifest.
+    pub manifest: PathBuf,
+    /// Planning options (search path, verbosity, host services).
+    pub options: PlanOptions,
+    /// The session store.
+    pub sessions: Arc<SessionStore>,
+}
+
+impl Host {
+    /// A host for `manifest`, searching `plugin_path` first, keeping state in `state_dir`.
+    pub fn new(manifest: &Path, plugin_path: &[PathBuf], state_dir: &Path, verbose: bool) -> Self {
+        Host {
+            manifest: manifest.to_path_buf(),
+            options: PlanOptions {
+                search: SearchPath::new(plugin_path),
+                verbose,
+                host_services: vec![ServiceSpec {
+                    name: SESSIONS.to_string(),
+                    interface: SessionsClient::ID.to_string(),
+                    version: SessionsClient::VERSION,
+                }],
+            },
+            sessions: Arc::new(SessionStore::new(state_dir)),
+        }
+    }
+
+    /// Validates the composition without applying it.
+    pub fn plan(&self) -> Result<Plan, Diagnostics> {
+        plan::plan(&self.manifest, &self.options)
+    }
+
+    /// Plans and applies the composition.
+    pub fn start(&self) -> anyhow::Result<(Plan, Registry)> {
+        let plan = self.plan()?;
+        let mut registry = Registry::with_host_services(vec![(
+            self.options.host_services[0].clone(),
+            SessionsClient::serve(SessionsService(self.sessions.clone())),
+        )]);
+        registry.apply_plan(&plan)?;
+        Ok((plan, registry))
+    }
+}

@@ -1,0 +1,255 @@
+//! Finding and loading plugin libraries through abi_stable's raw-library path
+//! (`RawLibrary` + `lib_header_from_raw_library` + `init_root_module`), never the per-type
+//! cached `load_from*` functions, which hand back the first plugin for every later library.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use abi_stable::library::{lib_header_from_raw_library, LibraryError, RawLibrary};
+use abi_stable::std_types::{RResult, RStr};
+use cordis_sdk::abi::{PluginModRef, RError};
+
+/// Where plugin libraries are looked for, in order.
+#[derive(Clone, Debug, Default)]
+pub struct SearchPath {
+    /// Directories with the reason each is on the path.
+    pub dirs: Vec<(PathBuf, &'static str)>,
+}
+
+/// The environment variable that adds plugin directories (`:`-separated).
+pub const PLUGIN_PATH_ENV: &str = "CORDIS_PLUGIN_PATH";
+
+impl SearchPath {
+    /// `--plugin-path` flags, then `CORDIS_PLUGIN_PATH`, then the directory of the running
+    /// `cordis` binary (cargo's build output directory, where workspace plugins land).
+    pub fn new(flags: &[PathBuf]) -> Self {
+        let mut dirs: Vec<(PathBuf, &'static str)> =
+            flags.iter().map(|d| (d.clone(), "--plugin-path")).collect();
+        if let Some(env) = std::env::var_os(PLUGIN_PATH_ENV) {
+            dirs.extend(
+                std::env::split_paths(&env)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(|p| (p, PLUGIN_PATH_ENV)),
+            );
+        }
+        if let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(Path::to_path_buf))
+        {
+            dirs.push((dir, "next to the cordis binary"));
+        }
+        SearchPath { dirs }
+    }
+
+    /// The first library file for `plugin`, or every path that was tried.
+    pub fn find(&self, plugin: &str) -> Result<PathBuf, Vec<PathBuf>> {
+        let file = library_file_name(plugin);
+        let tried: Vec<PathBuf> = self.dirs.iter().map(|(d, _)| d.join(&file)).collect();
+        tried.iter().find(|p| p.is_file()).cloned().ok_or(tried)
+    }
+
+    /// Every plugin library in the search path (for "which plugin provides X?" help).
+    pub fn all_libraries(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for (dir, _) in &self.dirs {
+            let Ok(read) = std::fs::read_dir(dir) else { continue };
+            let mut files: Vec<PathBuf> = read
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    name.starts_with("lib") && name.ends_with(std::env::consts::DLL_SUFFIX)
+                })
+                .collect();
+            files.sort();
+            out.extend(files);
+        }
+        out
+    }
+}
+
+/// The library file cargo produces for a cdylib package: `dsh-fs` → `libdsh_fs.so`.
+pub fn library_file_name(plugin: &str) -> String {
+    format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        plugin.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+/// A provided service as declared by a plugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// Registry name.
+    pub name: String,
+    /// Interface identity.
+    pub interface: String,
+    /// Interface version.
+    pub version: u32,
+}
+
+/// An injected service as declared by a plugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InjectSpec {
+    /// Registry name.
+    pub name: String,
+    /// Interface identity.
+    pub interface: String,
+    /// Interface version.
+    pub version: u32,
+    /// May be absent.
+    pub optional: bool,
+}
+
+/// A plugin's metadata, copied out of the library into host memory.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Plugin name.
+    pub name: String,
+    /// Plugin version.
+    pub version: String,
+    /// One line on what it is for.
+    pub description: String,
+    /// Provided services.
+    pub provides: Vec<ServiceSpec>,
+    /// Injected services.
+    pub injects: Vec<InjectSpec>,
+    /// JSON Schema of the config.
+    pub config_schema: serde_json::Value,
+}
+
+/// A loaded plugin library. The `RawLibrary` stays open as long as this value lives.
+pub struct Library {
+    /// The file it was loaded from.
+    pub path: PathBuf,
+    /// Its metadata.
+    pub meta: Meta,
+    module: PluginModRef,
+    _raw: RawLibrary,
+}
+
+impl fmt::Debug for Library {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Library")
+            .field("path", &self.path)
+            .field("plugin", &self.meta.name)
+            .finish()
+    }
+}
+
+/// Why a library could not be used.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The dynamic loader refused the file.
+    Open(String),
+    /// The file is a library but exports no cordis plugin.
+    NotAPlugin,
+    /// Built against another SDK version or with a different type layout.
+    Abi {
+        /// One line: what differs.
+        summary: String,
+        /// abi_stable's full report.
+        full: String,
+    },
+    /// The plugin's own `metadata()` failed.
+    Metadata(RError),
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Open(detail) => write!(f, "the dynamic loader refused it: {detail}"),
+            LoadError::NotAPlugin => {
+                write!(f, "it is not a cordis plugin (no `export_plugin!` root module)")
+            }
+            LoadError::Abi { summary, .. } => write!(f, "ABI mismatch: {summary}"),
+            LoadError::Metadata(e) => write!(f, "its metadata() failed: {} [{}]", e.message, e.code),
+        }
+    }
+}
+
+impl Library {
+    /// Loads `path` and reads its metadata.
+    pub fn load(path: &Path) -> Result<Arc<Library>, LoadError> {
+        let raw = RawLibrary::load_at(path).map_err(|e| match e {
+            LibraryError::OpenError { err, .. } => LoadError::Open(err.to_string()),
+            other => LoadError::Open(other.to_string()),
+        })?;
+        // SAFETY: the header is only used while `raw` is alive: both live in `Library`.
+        let header = unsafe { lib_header_from_raw_library(&raw) }.map_err(|e| match e {
+            LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin,
+            other => abi_error(other),
+        })?;
+        let module = header.init_root_module::<PluginModRef>().map_err(abi_error)?;
+        let meta = match (module.metadata())() {
+            RResult::ROk(m) => m,
+            RResult::RErr(e) => return Err(LoadError::Metadata(e)),
+        };
+        let copy = |s: &abi_stable::std_types::RString| s.as_str().to_owned();
+        let meta = Meta {
+            name: copy(&meta.name),
+            version: copy(&meta.version),
+            description: copy(&meta.description),
+            provides: meta
+                .provides
+                .iter()
+                .map(|p| ServiceSpec {
+                    name: copy(&p.name),
+                    interface: copy(&p.interface),
+                    version: p.version,
+                })
+                .collect(),
+            injects: meta
+                .injects
+                .iter()
+                .map(|i| InjectSpec {
+                    name: copy(&i.name),
+                    interface: copy(&i.interface),
+                    version: i.version,
+                    optional: i.optional,
+                })
+                .collect(),
+            config_schema: serde_json::from_str(&meta.config_schema)
+                .unwrap_or(serde_json::Value::Null),
+        };
+        Ok(Arc::new(Library {
+            path: path.to_path_buf(),
+            meta,
+            module,
+            _raw: raw,
+        }))
+    }
+
+    /// Checks a config (JSON) with the plugin's own deserializer, without applying.
+    pub fn check_config(&self, config: &str) -> Result<(), RError> {
+        (self.module.check_config())(RStr::from(config)).into_result()
+    }
+
+    /// The root module (to apply the plugin).
+    pub fn module(&self) -> PluginModRef {
+        self.module
+    }
+}
+
+fn abi_error(e: LibraryError) -> LoadError {
+    let full = e.to_string();
+    let summary = match &e {
+        LibraryError::IncompatibleVersionNumber {
+            expected_version,
+            actual_version,
+            ..
+        } => format!(
+            "the library was built against cordis-sdk {actual_version}, this host speaks {expected_version}; rebuild the plugin against cordis-sdk {expected_version}"
+        ),
+        LibraryError::AbiInstability(_) => format!(
+            "the library's ABI types differ in layout from this host's (cordis-sdk {}); rebuild the plugin against the host's cordis-sdk",
+            env!("CARGO_PKG_VERSION")
+        ),
+        LibraryError::InvalidAbiHeader(_) => {
+            "the library was built with an incompatible abi_stable".to_string()
+        }
+        _ => full.lines().next().unwrap_or("unknown ABI error").to_string(),
+    };
+    LoadError::Abi { summary, full }
+}

@@ -1,0 +1,536 @@
+//! `cordis.yml`: a Cordis-loader-style list of plugin entries, parsed with the position of
+//! every value so that each diagnostic can point at a line and column.
+//!
+//! Entry keys: `name` (plugin; `@scope/name` accepted), `id`, `config`, `disabled`, `path`,
+//! and `group: true` (then `config` is a child entry list; a disabled group disables them).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+use crate::diag::{Diagnostic, Pos};
+
+/// A YAML value with its position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// The value.
+    pub value: Value,
+    /// Where it starts.
+    pub pos: Pos,
+}
+
+/// A YAML value (core schema).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// `null`, `~` or empty.
+    Null,
+    /// `true` / `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string.
+    Str(String),
+    /// A sequence.
+    Seq(Vec<Node>),
+    /// A mapping, in source order.
+    Map(Vec<(Node, Node)>),
+}
+
+impl Node {
+    /// The node as JSON (mapping keys become strings).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &self.value {
+            Value::Null => J::Null,
+            Value::Bool(b) => J::Bool(*b),
+            Value::Int(i) => J::from(*i),
+            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+            Value::Str(s) => J::String(s.clone()),
+            Value::Seq(items) => J::Array(items.iter().map(Node::to_json).collect()),
+            Value::Map(pairs) => J::Object(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.key_text(), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn key_text(&self) -> String {
+        match &self.value {
+            Value::Str(s) => s.clone(),
+            Value::Null => "null".into(),
+            Value::Bool(b) => b.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => f.to_string(),
+            Value::Seq(_) | Value::Map(_) => "<complex key>".into(),
+        }
+    }
+
+    /// A short name of the node's type, for messages.
+    pub fn type_name(&self) -> &'static str {
+        match self.value {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a list",
+            Value::Map(_) => "a mapping",
+        }
+    }
+}
+
+/// Parses YAML text into a positioned tree (the first document; an empty file is `Null`).
+pub fn parse_yaml(text: &str) -> Result<Node, Diagnostic> {
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    parser.load(&mut builder, false).map_err(|e| {
+        let m = e.marker();
+        Diagnostic::new("yaml-syntax", format!("YAML syntax error: {}", e.info()))
+            .at(pos_of(m))
+            .help("fix the YAML syntax at this position (check indentation and quoting)")
+    })?;
+    Ok(builder.root.unwrap_or(Node {
+        value: Value::Null,
+        pos: Pos { line: 1, col: 1 },
+    }))
+}
+
+fn pos_of(m: &Marker) -> Pos {
+    Pos {
+        line: m.line(),
+        col: m.col() + 1,
+    }
+}
+
+#[derive(Default)]
+struct Builder {
+    stack: Vec<(Node, Option<Node>, usize)>,
+    root: Option<Node>,
+    anchors: HashMap<usize, Node>,
+}
+
+impl Builder {
+    fn push_value(&mut self, node: Node) {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.is_none() {
+                    self.root = Some(node);
+                }
+            }
+            Some((parent, pending_key, _)) => match &mut parent.value {
+                Value::Seq(items) => items.push(node),
+                Value::Map(pairs) => match pending_key.take() {
+                    None => *pending_key = Some(node),
+                    Some(key) => pairs.push((key, node)),
+                },
+                _ => unreachable!("only containers are pushed on the stack"),
+            },
+        }
+    }
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        let pos = pos_of(&mark);
+        match ev {
+            Event::Scalar(text, style, anchor, _tag) => {
+                let value = if style == TScalarStyle::Plain {
+                    plain_scalar(text)
+                } else {
+                    Value::Str(text)
+                };
+                let node = Node { value, pos };
+                if anchor > 0 {
+                    self.anchors.insert(anchor, node.clone());
+                }
+                self.push_value(node);
+            }
+            Event::SequenceStart(anchor, _) => self.stack.push((
+                Node {
+                    value: Value::Seq(Vec::new()),
+                    pos,
+                },
+                None,
+                anchor,
+            )),
+            Event::MappingStart(anchor, _) => self.stack.push((
+                Node {
+                    value: Value::Map(Vec::new()),
+                    pos,
+                },
+                None,
+                anchor,
+            )),
+            Event::SequenceEnd | Event::MappingEnd => {
+                if let Some((mut node, _, anchor)) = self.stack.pop() {
+                    // The parser marks a block mapping late; its first key is where it starts.
+                    if let Value::Map(pairs) = &node.value {
+                        if let Some((k, _)) = pairs.first() {
+                            node.pos = k.pos;
+                        }
+                    }
+                    if anchor > 0 {
+                        self.anchors.insert(anchor, node.clone());
+                    }
+                    self.push_value(node);
+                }
+            }
+            Event::Alias(id) => {
+                let node = self.anchors.get(&id).cloned().unwrap_or(Node {
+                    value: Value::Null,
+                    pos,
+                });
+                self.push_value(node);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn plain_scalar(text: String) -> Value {
+    match text.as_str() {
+        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
+        "true" | "True" | "TRUE" => return Value::Bool(true),
+        "false" | "False" | "FALSE" => return Value::Bool(false),
+        _ => {}
+    }
+    if let Ok(i) = text.parse::<i64>() {
+        return Value::Int(i);
+    }
+    let looks_numeric = text
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+' || c == '.');
+    if looks_numeric {
+        if let Ok(f) = text.parse::<f64>() {
+            return Value::Float(f);
+        }
+    }
+    Value::Str(text)
+}
+
+/// One plugin entry, flattened out of its groups.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// Stable identity (defaults to the plugin name).
+    pub id: String,
+    /// The plugin name without a scope (`@deepseek-ai/dsh-fs` → `dsh-fs`).
+    pub plugin: String,
+    /// An explicit library file, relative to the manifest's directory.
+    pub path: Option<PathBuf>,
+    /// The entry's config as JSON (`{}` when absent).
+    pub config: serde_json::Value,
+    /// The config node, for positions of config values.
+    pub config_node: Option<Node>,
+    /// Disabled by itself or by a group.
+    pub disabled: bool,
+    /// Where the entry starts.
+    pub pos: Pos,
+}
+
+/// A parsed manifest: every entry in source order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Manifest {
+    /// All entries, groups flattened, in source order.
+    pub entries: Vec<Entry>,
+}
+
+impl Manifest {
+    /// The enabled entries.
+    pub fn enabled(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().filter(|e| !e.disabled)
+    }
+}
+
+const ENTRY_KEYS: &[&str] = &["name", "id", "config", "disabled", "group", "path"];
+
+/// Strips an npm-style scope: `@deepseek-ai/dsh-fs-sandbox` → `dsh-fs-sandbox`.
+pub fn plugin_name(raw: &str) -> &str {
+    match raw.strip_prefix('@') {
+        Some(rest) => rest.split_once('/').map_or(raw, |(_, name)| name),
+        None => raw,
+    }
+}
+
+/// Parses `cordis.yml` text; returns every problem found.
+pub fn parse(text: &str) -> Result<Manifest, Vec<Diagnostic>> {
+    let root = parse_yaml(text).map_err(|d| vec![d])?;
+    let mut diags = Vec::new();
+    let mut manifest = Manifest::default();
+    match &root.value {
+        Value::Seq(items) => collect_entries(items, false, &mut manifest, &mut diags),
+        Value::Null => {}
+        _ => diags.push(
+            Diagnostic::new(
+                "manifest-shape",
+                format!("cordis.yml must be a list of entries, found {}", root.type_name()),
+            )
+            .at(root.pos)
+            .help("write one `- name: <plugin>` item per plugin"),
+        ),
+    }
+    check_ids(&manifest, &mut diags);
+    if diags.is_empty() {
+        Ok(manifest)
+    } else {
+        Err(diags)
+    }
+}
+
+fn collect_entries(
+    items: &[Node],
+    parent_disabled: bool,
+    out: &mut Manifest,
+    diags: &mut Vec<Diagnostic>,
+) {
+    for item in items {
+        let Value::Map(pairs) = &item.value else {
+            diags.push(
+                Diagnostic::new(
+                    "entry-shape",
+                    format!("an entry must be a mapping, found {}", item.type_name()),
+                )
+                .at(item.pos)
+                .help("write the entry as `- name: <plugin>` with optional `id`, `config`, `disabled`, `path`"),
+            );
+            continue;
+        };
+        let field = |key: &str| pairs.iter().find(|(k, _)| k.key_text() == key).map(|(_, v)| v);
+        let mut ok = true;
+        for (k, _) in pairs {
+            let key = k.key_text();
+            if !ENTRY_KEYS.contains(&key.as_str()) {
+                ok = false;
+                let mut d = Diagnostic::new("unknown-key", format!("unknown entry key `{key}`"))
+                    .at(k.pos);
+                d = match closest(&key, ENTRY_KEYS) {
+                    Some(s) => d.help(format!("did you mean `{s}`?")),
+                    None => d.help(format!("entry keys are: {}", ENTRY_KEYS.join(", "))),
+                };
+                diags.push(d);
+            }
+        }
+        let bool_field = |key: &str, diags: &mut Vec<Diagnostic>| -> bool {
+            match field(key) {
+                None => false,
+                Some(Node { value: Value::Bool(b), .. }) => *b,
+                Some(n) => {
+                    diags.push(
+                        Diagnostic::new(
+                            "entry-type",
+                            format!("`{key}` must be true or false, found {}", n.type_name()),
+                        )
+                        .at(n.pos),
+                    );
+                    false
+                }
+            }
+        };
+        let str_field = |key: &str, diags: &mut Vec<Diagnostic>| -> Option<String> {
+            match field(key) {
+                None => None,
+                Some(Node { value: Value::Str(s), .. }) if !s.is_empty() => Some(s.clone()),
+                Some(n) => {
+                    diags.push(
+                        Diagnostic::new(
+                            "entry-type",
+                            format!("`{key}` must be a non-empty string, found {}", n.type_name()),
+                        )
+                        .at(n.pos),
+                    );
+                    None
+                }
+            }
+        };
+        let disabled = parent_disabled || bool_field("disabled", diags);
+        let is_group = bool_field("group", diags);
+        let id = str_field("id", diags);
+        let name = str_field("name", diags);
+        let path = str_field("path", diags).map(PathBuf::from);
+        let config = field("config");
+        if is_group {
+            match config.map(|c| &c.value) {
+                Some(Value::Seq(children)) => collect_entries(children, disabled, out, diags),
+                None | Some(Value::Null) => {}
+                Some(_) => diags.push(
+                    Diagnostic::new(
+                        "group-shape",
+                        "a group's `config` must be a list of entries",
+                    )
+                    .at(config.map_or(item.pos, |c| c.pos))
+                    .help("write the group's children as a list under `config:`"),
+                ),
+            }
+            continue;
+        }
+        let Some(raw_name) = name else {
+            if field("name").is_none() {
+                diags.push(
+                    Diagnostic::new("missing-name", "entry has no `name`")
+                        .at(item.pos)
+                        .help("add `name: <plugin>` naming the plugin to load"),
+                );
+            }
+            continue;
+        };
+        let config_json = match config {
+            None => serde_json::json!({}),
+            Some(n) => match &n.value {
+                Value::Null => serde_json::json!({}),
+                Value::Map(_) => n.to_json(),
+                _ => {
+                    diags.push(
+                        Diagnostic::new(
+                            "config-type",
+                            format!("`config` must be a mapping, found {}", n.type_name()),
+                        )
+                        .at(n.pos),
+                    );
+                    ok = false;
+                    serde_json::json!({})
+                }
+            },
+        };
+        if !ok {
+            continue;
+        }
+        let plugin = plugin_name(&raw_name).to_string();
+        out.entries.push(Entry {
+            id: id.unwrap_or_else(|| plugin.clone()),
+            plugin,
+            path,
+            config: config_json,
+            config_node: config.cloned(),
+            disabled,
+            pos: item.pos,
+        });
+    }
+}
+
+fn check_ids(manifest: &Manifest, diags: &mut Vec<Diagnostic>) {
+    let mut seen: HashMap<&str, &Entry> = HashMap::new();
+    for e in &manifest.entries {
+        if let Some(first) = seen.get(e.id.as_str()) {
+            let help = if first.plugin == e.plugin {
+                format!(
+                    "plugin `{}` appears twice: give each entry a distinct `id:`",
+                    e.plugin
+                )
+            } else {
+                "give each entry a distinct `id:`".to_string()
+            };
+            diags.push(
+                Diagnostic::new("duplicate-id", format!("duplicate entry id `{}`", e.id))
+                    .at(e.pos)
+                    .note(format!(
+                        "first used at line {}:{}",
+                        first.pos.line, first.pos.col
+                    ))
+                    .help(help),
+            );
+        } else {
+            seen.insert(&e.id, e);
+        }
+    }
+}
+
+/// The closest candidate to `word` by edit distance, if it is close enough to be a typo.
+pub fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(&word.to_lowercase(), &c.to_lowercase()), *c))
+        .filter(|(d, c)| *d <= (c.len() / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut cur = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            cur[j] = (prev[j] + 1).min(cur[j - 1] + 1).min(prev[j - 1] + cost);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str, expected: &[(&str, usize, usize)]) {
+        let got: Vec<(String, usize, usize)> = match parse(text) {
+            Ok(_) => Vec::new(),
+            Err(diags) => diags
+                .iter()
+                .map(|d| {
+                    let p = d.pos.unwrap_or_default();
+                    (d.code.to_string(), p.line, p.col)
+                })
+                .collect(),
+        };
+        let expected: Vec<(String, usize, usize)> = expected
+            .iter()
+            .map(|(c, l, col)| (c.to_string(), *l, *col))
+            .collect();
+        assert_eq!(got, expected, "for manifest:\n{text}");
+    }
+
+    #[test]
+    fn entries_groups_and_scopes() {
+        let m = parse(
+            "- name: '@deepseek-ai/dsh-sandbox-policy'\n  config:\n    mode: workspace-write\n\
+             - group: true\n  disabled: true\n  config:\n    - name: a\n    - name: b\n      id: bee\n\
+             - name: c\n  path: libs/libc.so\n",
+        )
+        .unwrap();
+        let summary: Vec<(&str, &str, bool, usize)> = m
+            .entries
+            .iter()
+            .map(|e| (e.id.as_str(), e.plugin.as_str(), e.disabled, e.pos.line))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("dsh-sandbox-policy", "dsh-sandbox-policy", false, 1),
+                ("a", "a", true, 7),
+                ("bee", "b", true, 8),
+                ("c", "c", false, 10),
+            ]
+        );
+        assert_eq!(m.entries[0].config, serde_json::json!({"mode": "workspace-write"}));
+        assert_eq!(m.entries[3].path, Some(PathBuf::from("libs/libc.so")));
+    }
+
+    #[test]
+    fn errors_point_at_line_and_column() {
+        check("- name: a\n  confg: {}\n", &[("unknown-key", 2, 3)]);
+        check("- id: x\n", &[("missing-name", 1, 3)]);
+        check("- name: a\n- name: a\n", &[("duplicate-id", 2, 3)]);
+        check("- name: a\n  disabled: yes\n", &[("entry-type", 2, 13)]);
+        check("- name: a\n  config: [1]\n", &[("config-type", 2, 11)]);
+        check("name: a\n", &[("manifest-shape", 1, 1)]);
+        check("- name: a\n   bad: [\n", &[("yaml-syntax", 2, 7)]);
+        check("", &[]);
+    }
+
+    #[test]
+    fn suggestions() {
+        assert_eq!(closest("confg", ENTRY_KEYS), Some("config"));
+        assert_eq!(closest("workspaceRot", &["mode", "workspaceRoot"]), Some("workspaceRoot"));
+        assert_eq!(closest("zzzzzz", ENTRY_KEYS), None);
+        assert_eq!(plugin_name("@deepseek-ai/dsh-fs-local"), "dsh-fs-local");
+        assert_eq!(plugin_name("dsh-fs-local"), "dsh-fs-local");
+    }
+}

@@ -1,0 +1,382 @@
+//! Session logs: one append-only JSON-lines file per session under the state directory.
+//! The first line is the header (id and the immutable, canonical `cwd`); every further line
+//! is an event. Appends are fsynced before they return. Session state lives here, not in
+//! plugin memory, so reloading a plugin loses nothing.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cordis_sdk::host::{EventQuery, NewEvent, SessionEvent, Sessions};
+use cordis_sdk::{Error, Result, SessionInfo};
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the state directory.
+pub const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
+
+/// `--state-dir`, else `CORDIS_STATE_DIR`, else `$XDG_STATE_HOME/cordis`, else
+/// `~/.local/state/cordis`, else `.cordis-state` in the current directory.
+pub fn default_state_dir(flag: Option<&Path>) -> PathBuf {
+    if let Some(f) = flag {
+        return f.to_path_buf();
+    }
+    if let Some(d) = std::env::var_os(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("cordis");
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/state/cordis"),
+        None => PathBuf::from(".cordis-state"),
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Line {
+    Header { version: u32, id: String, cwd: PathBuf },
+    Event(SessionEvent),
+}
+
+struct Log {
+    info: SessionInfo,
+    path: PathBuf,
+    events: Mutex<Vec<SessionEvent>>,
+}
+
+/// The store of every session's log.
+pub struct SessionStore {
+    dir: PathBuf,
+    open: Mutex<HashMap<String, Arc<Log>>>,
+}
+
+/// Problems reading a session log.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No such session.
+    #[error("no session `{0}` (list them with `cordis session list`)")]
+    NotFound(String),
+    /// A corrupt line that is not a torn last line.
+    #[error("{path}:{line}: corrupt session log line: {detail}")]
+    Corrupt {
+        /// The log file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// What was wrong.
+        detail: String,
+    },
+    /// I/O.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The session's cwd is not a usable directory.
+    #[error("session cwd {0}: {1}")]
+    BadCwd(PathBuf, std::io::Error),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SessionError + '_ {
+    move |source| SessionError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn new_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("s{:x}{:04x}{:x}", nanos, std::process::id() & 0xffff, n)
+}
+
+impl SessionStore {
+    /// A store in `dir` (created on first write).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        SessionStore {
+            dir: dir.into(),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn sessions_dir(&self) -> PathBuf {
+        self.dir.join("sessions")
+    }
+
+    fn path_of(&self, id: &str) -> PathBuf {
+        self.sessions_dir().join(format!("{id}.jsonl"))
+    }
+
+    /// Creates a session rooted at `cwd` (canonicalized, immutable).
+    pub fn create(&self, cwd: &Path) -> Result<SessionInfo, SessionError> {
+        let cwd = cwd
+            .canonicalize()
+            .map_err(|e| SessionError::BadCwd(cwd.to_path_buf(), e))?;
+        if !cwd.is_dir() {
+            return Err(SessionError::BadCwd(
+                cwd,
+                std::io::Error::other("not a directory"),
+            ));
+        }
+        let dir = self.sessions_dir();
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let id = new_id();
+        let path = self.path_of(&id);
+        let header = Line::Header {
+            version: 1,
+            id: id.clone(),
+            cwd: cwd.clone(),
+        };
+        let mut file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        write_line(&mut file, &header).map_err(io(&path))?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(io(&dir))?;
+        let info = SessionInfo { id: id.clone(), cwd };
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            id,
+            Arc::new(Log {
+                info: info.clone(),
+                path,
+                events: Mutex::new(Vec::new()),
+            }),
+        );
+        Ok(info)
+    }
+
+    /// Opens (replaying on first use) an existing session.
+    pub fn get(&self, id: &str) -> Result<SessionInfo, SessionError> {
+        Ok(self.log(id)?.info.clone())
+    }
+
+    /// Session ids on disk, sorted.
+    pub fn list(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(self.sessions_dir())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_suffix(".jsonl").map(str::to_string)
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    fn log(&self, id: &str) -> Result<Arc<Log>, SessionError> {
+        let valid = !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !valid {
+            return Err(SessionError::NotFound(id.to_string()));
+        }
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(log) = open.get(id) {
+            return Ok(log.clone());
+        }
+        let path = self.path_of(id);
+        if !path.is_file() {
+            return Err(SessionError::NotFound(id.to_string()));
+        }
+        let log = Arc::new(replay(&path)?);
+        open.insert(id.to_string(), log.clone());
+        Ok(log)
+    }
+
+    /// Every event of a session, oldest first, optionally of one kind.
+    pub fn events(&self, id: &str, kind: Option<&str>) -> Result<Vec<SessionEvent>, SessionError> {
+        let log = self.log(id)?;
+        let events = log.events.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(events
+            .iter()
+            .filter(|e| kind.is_none_or(|k| e.kind == k))
+            .cloned()
+            .collect())
+    }
+
+    /// Appends an event durably; returns its sequence number.
+    pub fn append(
+        &self,
+        id: &str,
+        kind: &str,
+        data: serde_json::Value,
+    ) -> Result<u64, SessionError> {
+        let log = self.log(id)?;
+        let mut events = log.events.lock().unwrap_or_else(|e| e.into_inner());
+        let event = SessionEvent {
+            seq: events.last().map_or(1, |e| e.seq + 1),
+            kind: kind.to_string(),
+            data,
+        };
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(&log.path)
+            .map_err(io(&log.path))?;
+        write_line(&mut file, &Line::Event(event.clone())).map_err(io(&log.path))?;
+        let seq = event.seq;
+        events.push(event);
+        Ok(seq)
+    }
+}
+
+fn write_line(file: &mut File, line: &Line) -> std::io::Result<()> {
+    let mut text = serde_json::to_string(line).map_err(std::io::Error::other)?;
+    text.push('\n');
+    file.write_all(text.as_bytes())?;
+    file.sync_data()
+}
+
+/// Replays a log. A torn last line (a crash mid-append: no final newline and not JSON) is
+/// reported and cut off; any other corrupt line is an error naming file and line.
+fn replay(path: &Path) -> Result<Log, SessionError> {
+    let file = File::open(path).map_err(io(path))?;
+    let mut reader = BufReader::new(file);
+    let mut header: Option<SessionInfo> = None;
+    let mut events = Vec::new();
+    let mut good_len: u64 = 0;
+    let mut line_no = 0;
+    let mut buf = String::new();
+    loop {
+        buf.clear();
+        let n = reader.read_line(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        if !buf.ends_with('\n') {
+            // Only the last line can lack its newline: an append that never returned.
+            tracing::warn!(
+                "{}:{line_no}: torn last line (an append was interrupted); it is dropped",
+                path.display()
+            );
+            let f = OpenOptions::new().write(true).open(path).map_err(io(path))?;
+            f.set_len(good_len).map_err(io(path))?;
+            f.sync_all().map_err(io(path))?;
+            break;
+        }
+        match serde_json::from_str::<Line>(buf.trim_end()) {
+            Ok(Line::Header { id, cwd, .. }) if line_no == 1 => header = Some(SessionInfo { id, cwd }),
+            Ok(Line::Event(e)) if line_no > 1 => events.push(e),
+            Ok(_) => {
+                return Err(SessionError::Corrupt {
+                    path: path.to_path_buf(),
+                    line: line_no,
+                    detail: "a header must be the first line and only the first".into(),
+                })
+            }
+            Err(e) => {
+                return Err(SessionError::Corrupt {
+                    path: path.to_path_buf(),
+                    line: line_no,
+                    detail: e.to_string(),
+                })
+            }
+        }
+        good_len += n as u64;
+    }
+    let info = header.ok_or_else(|| SessionError::Corrupt {
+        path: path.to_path_buf(),
+        line: 1,
+        detail: "missing header".into(),
+    })?;
+    Ok(Log {
+        info,
+        path: path.to_path_buf(),
+        events: Mutex::new(events),
+    })
+}
+
+fn to_sdk(e: SessionError) -> Error {
+    let code = match e {
+        SessionError::NotFound(_) => "SESSION_NOT_FOUND",
+        _ => "SESSION_STORE",
+    };
+    Error::new(code, e.to_string())
+}
+
+/// The store as the host's `sessions` service.
+#[derive(Clone)]
+pub struct SessionsService(pub Arc<SessionStore>);
+
+impl Sessions for SessionsService {
+    fn info(&self, id: String) -> Result<SessionInfo> {
+        self.0.get(&id).map_err(to_sdk)
+    }
+
+    fn events(&self, query: EventQuery) -> Result<Vec<SessionEvent>> {
+        self.0
+            .events(&query.session, query.kind.as_deref())
+            .map_err(to_sdk)
+    }
+
+    fn append(&self, event: NewEvent) -> Result<u64> {
+        self.0
+            .append(&event.session, &event.kind, event.data)
+            .map_err(to_sdk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_append_replay_and_torn_tail() {
+        let state = tempfile::tempdir().unwrap();
+        let cwd = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(state.path());
+        let info = store.create(cwd.path()).unwrap();
+        assert_eq!(info.cwd, cwd.path().canonicalize().unwrap());
+        store
+            .append(&info.id, "sandbox/mode", serde_json::json!({"mode": "read-only"}))
+            .unwrap();
+        let path = store.path_of(&info.id);
+        // A crash mid-append leaves a torn last line.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"type\":\"event\",\"seq\":2,\"ki").unwrap();
+        drop(f);
+
+        let reopened = SessionStore::new(state.path());
+        let events = reopened.events(&info.id, Some("sandbox/mode")).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data["mode"], "read-only");
+        assert_eq!(reopened.append(&info.id, "x", serde_json::json!(1)).unwrap(), 2);
+        let again = SessionStore::new(state.path());
+        assert_eq!(again.events(&info.id, None).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn corrupt_middle_line_names_file_and_line() {
+        let state = tempfile::tempdir().unwrap();
+        let cwd = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(state.path());
+        let info = store.create(cwd.path()).unwrap();
+        let path = store.path_of(&info.id);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"garbage\n{\"type\":\"event\",\"seq\":1,\"kind\":\"k\",\"data\":null}\n")
+            .unwrap();
+        drop(f);
+        let err = SessionStore::new(state.path()).get(&info.id).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&format!("{}:2:", path.display())), "{text}");
+    }
+
+    #[test]
+    fn unknown_and_malicious_ids_are_not_found() {
+        let state = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(state.path());
+        for id in ["nope", "../etc/passwd", ""] {
+            assert!(matches!(store.get(id), Err(SessionError::NotFound(_))));
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The plugin-side error type and its conversion to and from the boundary's [`RError`].
+
+use std::fmt;
+
+use abi_stable::std_types::{ROption, RString};
+
+use crate::abi::RError;
+
+/// A result whose error is the SDK's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error with a stable code, a message, an optional fix and optional structured data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Error {
+    /// A stable machine-readable code, e.g. `FS_SANDBOX_DENIED`.
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+    /// How to fix it.
+    pub help: Option<String>,
+    /// Structured details (a JSON object), if any.
+    pub data: Option<serde_json::Value>,
+}
+
+impl Error {
+    /// An error with `code` and `message`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Error {
+            code: code.into(),
+            message: message.into(),
+            help: None,
+            data: None,
+        }
+    }
+
+    /// Adds a fix.
+    pub fn with_help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// Adds structured details.
+    pub fn with_data(mut self, data: serde_json::Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    /// An `INVALID_ARGUMENT` error.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::new(codes::INVALID_ARGUMENT, message)
+    }
+
+    /// An `INTERNAL` error.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(codes::INTERNAL, message)
+    }
+}
+
+/// Error codes the SDK itself produces.
+pub mod codes {
+    /// A plugin panicked; the panic was caught at the boundary.
+    pub const PANIC: &str = "PANIC";
+    /// Arguments or config did not match what was expected.
+    pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
+    /// A method the service does not have.
+    pub const UNKNOWN_METHOD: &str = "UNKNOWN_METHOD";
+    /// A consumer asked for an interface the provider does not implement.
+    pub const INTERFACE_MISMATCH: &str = "INTERFACE_MISMATCH";
+    /// A required service is not composed.
+    pub const MISSING_SERVICE: &str = "MISSING_SERVICE";
+    /// Anything else.
+    pub const INTERNAL: &str = "INTERNAL";
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} [{}]", self.message, self.code)?;
+        if let Some(help) = &self.help {
+            write!(f, " (help: {help})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for RError {
+    fn from(e: Error) -> Self {
+        RError {
+            code: e.code.into(),
+            message: e.message.into(),
+            help: e.help.map(RString::from).into(),
+            data: e.data.map(|d| d.to_string()).unwrap_or_default().into(),
+        }
+    }
+}
+
+impl From<RError> for Error {
+    fn from(e: RError) -> Self {
+        Error {
+            code: e.code.into(),
+            message: e.message.into(),
+            help: match e.help {
+                ROption::RSome(h) => Some(h.into()),
+                ROption::RNone => None,
+            },
+            data: if e.data.is_empty() {
+                None
+            } else {
+                serde_json::from_str(&e.data).ok()
+            },
+        }
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::invalid(e.to_string())
+    }
+}
+
+/// Turns a caught panic payload into an error naming where it happened.
+pub(crate) fn from_panic(what: &str, payload: Box<dyn std::any::Any + Send>) -> Error {
+    let detail = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".to_string());
+    Error::new(codes::PANIC, format!("{what} panicked: {detail}"))
+        .with_help("this is a bug in the plugin; its panic was caught at the plugin boundary")
+}

@@ -1,0 +1,395 @@
+//! The plugin-author API: the [`Plugin`] trait, its [`Metadata`], the [`Context`] passed to
+//! `apply`, tools, and the glue [`crate::export_plugin!`] expands to.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RArc, RResult, RStr, RString, RVec},
+};
+use schemars::JsonSchema;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::abi::{
+    HostCtx, InjectDecl, InstanceBox, InstanceObj, InstanceObj_TO, PluginMeta, PluginMod,
+    PluginModRef, RError, Reconfigured, ServiceBox, ServiceDecl, ToolDecl, ToolObj, ToolObj_TO,
+    ToolOutput,
+};
+use crate::error::{codes, from_panic, Error, Result};
+use crate::service::{Interface, Service};
+
+/// A plugin: metadata declared in code, applied with a typed config.
+///
+/// Dropping the value is its last disposal step, after the disposers registered with
+/// [`Context::on_dispose`] ran in reverse order.
+pub trait Plugin: Send + Sized + 'static {
+    /// The plugin's config, deserialized from the entry's `config` in `cordis.yml`.
+    /// Its JSON Schema is exported so the host validates configs before applying anything.
+    type Config: DeserializeOwned + JsonSchema;
+
+    /// Name, version, provided and injected services.
+    fn metadata() -> Metadata;
+
+    /// Applies the plugin: inject services, provide services, register tools.
+    fn apply(ctx: &mut Context<'_>, config: Self::Config) -> Result<Self>;
+
+    /// Offered a changed config while running. The default asks for a restart.
+    fn reconfigure(&mut self, _config: Self::Config) -> Result<Reconfigured> {
+        Ok(Reconfigured::Restart)
+    }
+}
+
+/// What a plugin declares about itself.
+#[derive(Clone, Debug)]
+pub struct Metadata {
+    name: String,
+    version: String,
+    description: String,
+    provides: Vec<ServiceDecl>,
+    injects: Vec<InjectDecl>,
+}
+
+impl Metadata {
+    /// Starts a declaration; pass `env!("CARGO_PKG_NAME")` and `env!("CARGO_PKG_VERSION")`.
+    pub fn new(name: &str, version: &str) -> Self {
+        Metadata {
+            name: name.to_string(),
+            version: version.to_string(),
+            description: String::new(),
+            provides: Vec::new(),
+            injects: Vec::new(),
+        }
+    }
+
+    /// One line on what the plugin is for.
+    pub fn description(mut self, text: &str) -> Self {
+        self.description = text.to_string();
+        self
+    }
+
+    /// Declares that the plugin provides service `name` implementing `I`.
+    pub fn provides<I: Interface>(mut self, name: &str) -> Self {
+        self.provides.push(ServiceDecl {
+            name: name.into(),
+            interface: I::ID.into(),
+            version: I::VERSION,
+        });
+        self
+    }
+
+    /// Declares a required injection of service `name` implementing `I`.
+    pub fn injects<I: Interface>(self, name: &str) -> Self {
+        self.inject_decl::<I>(name, false)
+    }
+
+    /// Declares an optional injection of service `name` implementing `I`.
+    pub fn injects_optional<I: Interface>(self, name: &str) -> Self {
+        self.inject_decl::<I>(name, true)
+    }
+
+    fn inject_decl<I: Interface>(mut self, name: &str, optional: bool) -> Self {
+        self.injects.push(InjectDecl {
+            name: name.into(),
+            interface: I::ID.into(),
+            version: I::VERSION,
+            optional,
+        });
+        self
+    }
+
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The session a tool call runs in, as the host hands it to the tool.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SessionInfo {
+    /// The session id.
+    pub id: String,
+    /// The session's immutable, canonical working directory.
+    pub cwd: PathBuf,
+}
+
+/// Everything a tool call knows besides its arguments.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CallContext {
+    /// The calling session.
+    pub session: SessionInfo,
+    /// A unique id for this call (approvals are bound to it).
+    pub call_id: String,
+}
+
+/// A tool's result: text for the model, and whether it is an error result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolResult {
+    /// An error result (e.g. a denial): the call ran, the answer is "no".
+    pub is_error: bool,
+    /// What the model sees.
+    pub text: String,
+}
+
+impl ToolResult {
+    /// A success result.
+    pub fn ok(text: impl Into<String>) -> Self {
+        ToolResult {
+            is_error: false,
+            text: text.into(),
+        }
+    }
+
+    /// An error result.
+    pub fn error(text: impl Into<String>) -> Self {
+        ToolResult {
+            is_error: true,
+            text: text.into(),
+        }
+    }
+}
+
+/// A tool as registered by a plugin.
+pub struct Tool {
+    /// Unique tool name.
+    pub name: String,
+    /// What the tool does, for the model.
+    pub description: String,
+    /// JSON Schema of the input.
+    pub input_schema: serde_json::Value,
+}
+
+type ToolHandler = dyn Fn(&CallContext, serde_json::Value) -> Result<ToolResult> + Send + Sync;
+
+#[derive(Clone)]
+struct ToolDispatcher {
+    name: String,
+    handler: Arc<ToolHandler>,
+}
+
+impl ToolObj for ToolDispatcher {
+    fn call(&self, context: RStr<'_>, args: RStr<'_>) -> RResult<ToolOutput, RError> {
+        let run = || -> Result<ToolResult> {
+            let context: CallContext = serde_json::from_str(context.as_str())
+                .map_err(|e| Error::internal(format!("malformed call context: {e}")))?;
+            let args: serde_json::Value = serde_json::from_str(args.as_str()).map_err(|e| {
+                Error::invalid(format!("tool `{}`: arguments are not JSON: {e}", self.name))
+            })?;
+            (self.handler)(&context, args)
+        };
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Ok(Ok(r)) => RResult::ROk(ToolOutput {
+                is_error: r.is_error,
+                text: r.text.into(),
+            }),
+            Ok(Err(e)) => RResult::RErr(e.into()),
+            Err(payload) => RResult::RErr(from_panic(&format!("tool `{}`", self.name), payload).into()),
+        }
+    }
+}
+
+type Disposer = Box<dyn FnOnce() + Send>;
+
+/// What a plugin sees while it is applied.
+pub struct Context<'a> {
+    host: HostCtx<'a>,
+    metadata: Metadata,
+    disposers: Vec<Disposer>,
+}
+
+impl<'a> Context<'a> {
+    /// The entry's id in `cordis.yml`.
+    pub fn entry_id(&self) -> String {
+        self.host.entry_id().into()
+    }
+
+    /// A required injected service. Fails if it was not declared with
+    /// [`Metadata::injects`], is not composed, or implements another interface.
+    pub fn inject<I: Interface>(&self, name: &str) -> Result<I> {
+        self.inject_optional::<I>(name)?.ok_or_else(|| {
+            Error::new(
+                codes::MISSING_SERVICE,
+                format!("required service `{name}` is not composed"),
+            )
+            .with_help(format!("add an entry that provides `{name}` to cordis.yml"))
+        })
+    }
+
+    /// An optional injected service: `None` when nothing provides it.
+    pub fn inject_optional<I: Interface>(&self, name: &str) -> Result<Option<I>> {
+        let declared = self.metadata.injects.iter().any(|d| d.name.as_str() == name);
+        if !declared {
+            return Err(Error::internal(format!(
+                "plugin `{}` injects `{name}` without declaring it in its metadata",
+                self.metadata.name
+            ))
+            .with_help(format!("add `.injects::<...>(\"{name}\")` to `metadata()`")));
+        }
+        match self.host.inject(RStr::from(name)).into_option() {
+            Some(handle) => Service::checked::<I>(name, handle).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Provides service `name` (declared with [`Metadata::provides`]).
+    pub fn provide(&mut self, name: &str, service: ServiceBox) -> Result<()> {
+        self.host
+            .provide(RStr::from(name), service)
+            .into_result()
+            .map_err(Error::from)
+    }
+
+    /// Registers a tool; `handler` receives the call context and the JSON arguments.
+    pub fn register_tool<F>(&mut self, tool: Tool, handler: F) -> Result<()>
+    where
+        F: Fn(&CallContext, serde_json::Value) -> Result<ToolResult> + Send + Sync + 'static,
+    {
+        let decl = ToolDecl {
+            name: tool.name.as_str().into(),
+            description: tool.description.into(),
+            input_schema: tool.input_schema.to_string().into(),
+        };
+        let obj = ToolObj_TO::from_ptr(
+            RArc::new(ToolDispatcher {
+                name: tool.name,
+                handler: Arc::new(handler),
+            }),
+            TD_Opaque,
+        );
+        self.host
+            .register_tool(decl, obj)
+            .into_result()
+            .map_err(Error::from)
+    }
+
+    /// Registers a disposer; disposers run in reverse order when the entry is disposed.
+    pub fn on_dispose(&mut self, disposer: impl FnOnce() + Send + 'static) {
+        self.disposers.push(Box::new(disposer));
+    }
+}
+
+fn run_disposers(disposers: &mut Vec<Disposer>) {
+    while let Some(d) = disposers.pop() {
+        d();
+    }
+}
+
+struct Instance<P> {
+    plugin: Option<P>,
+    disposers: Vec<Disposer>,
+}
+
+impl<P: Plugin> InstanceObj for Instance<P> {
+    fn dispose(&mut self) -> RResult<(), RError> {
+        guard("dispose", || {
+            run_disposers(&mut self.disposers);
+            drop(self.plugin.take());
+            Ok(())
+        })
+    }
+
+    fn reconfigure(&mut self, config: RStr<'_>) -> RResult<Reconfigured, RError> {
+        guard("reconfigure", || {
+            let config = parse_config::<P>(config.as_str())?;
+            match self.plugin.as_mut() {
+                Some(p) => p.reconfigure(config),
+                None => Ok(Reconfigured::Restart),
+            }
+        })
+    }
+}
+
+fn guard<T>(what: &str, f: impl FnOnce() -> Result<T>) -> RResult<T, RError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => RResult::ROk(v),
+        Ok(Err(e)) => RResult::RErr(e.into()),
+        Err(payload) => RResult::RErr(from_panic(what, payload).into()),
+    }
+}
+
+fn parse_config<P: Plugin>(config: &str) -> Result<P::Config> {
+    serde_json::from_str(config).map_err(|e| Error::invalid(format!("invalid config: {e}")))
+}
+
+fn meta_of<P: Plugin>() -> Result<PluginMeta> {
+    let m = P::metadata();
+    let schema = schemars::schema_for!(P::Config);
+    Ok(PluginMeta {
+        name: m.name.into(),
+        version: m.version.into(),
+        description: m.description.into(),
+        provides: RVec::from(m.provides),
+        injects: RVec::from(m.injects),
+        config_schema: RString::from(serde_json::to_string(&schema)?),
+    })
+}
+
+extern "C" fn metadata<P: Plugin>() -> RResult<PluginMeta, RError> {
+    guard("metadata", meta_of::<P>)
+}
+
+extern "C" fn check_config<P: Plugin>(config: RStr<'_>) -> RResult<(), RError> {
+    guard("check_config", || parse_config::<P>(config.as_str()).map(drop))
+}
+
+extern "C" fn apply<P: Plugin>(host: HostCtx<'_>, config: RStr<'_>) -> RResult<InstanceBox, RError> {
+    guard("apply", move || {
+        crate::log::install(host.logger());
+        let config = parse_config::<P>(config.as_str())?;
+        let mut ctx = Context {
+            host,
+            metadata: P::metadata(),
+            disposers: Vec::new(),
+        };
+        match P::apply(&mut ctx, config) {
+            Ok(plugin) => Ok(InstanceObj_TO::from_value(
+                Instance {
+                    plugin: Some(plugin),
+                    disposers: std::mem::take(&mut ctx.disposers),
+                },
+                TD_Opaque,
+            )),
+            Err(e) => {
+                run_disposers(&mut ctx.disposers);
+                Err(e)
+            }
+        }
+    })
+}
+
+/// The root module for plugin `P`; [`crate::export_plugin!`] calls this.
+#[doc(hidden)]
+pub fn root_module<P: Plugin>() -> PluginModRef {
+    use abi_stable::prefix_type::PrefixTypeTrait;
+    PluginMod {
+        metadata: metadata::<P>,
+        check_config: check_config::<P>,
+        apply: apply::<P>,
+    }
+    .leak_into_prefix()
+}
+
+/// Exports a [`Plugin`] type as this library's cordis plugin. Use it once, in a crate
+/// built with `crate-type = ["cdylib"]`.
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        #[doc(hidden)]
+        #[unsafe(export_name = "_1as_0lib_1header_0root_bmodule_bloader")]
+        pub static __CORDIS_PLUGIN_LIB_HEADER: $crate::__private::LibHeader = {
+            extern "C" fn erased() -> $crate::__private::RootModuleResult {
+                $crate::__private::__call_root_module_loader(root)
+            }
+            fn root() -> $crate::abi::PluginModRef {
+                $crate::__private::root_module::<$plugin>()
+            }
+            unsafe {
+                $crate::__private::LibHeader::from_constructor::<$crate::abi::PluginModRef>(
+                    erased,
+                    $crate::__private::CheckTypeLayout::Yes,
+                )
+            }
+        };
+    };
+}

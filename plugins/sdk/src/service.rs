@@ -1,0 +1,285 @@
+//! Typed services over the JSON boundary: the consumer side ([`Service`], [`Interface`]) and
+//! the provider side ([`serve`]). Seam crates use [`crate::interface!`] to generate both from
+//! one trait, so provider and consumer cannot disagree on names or shapes.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RArc, RResult, RStr, RString},
+};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::abi::{RError, ServiceBox, ServiceDecl, ServiceObj, ServiceObj_TO};
+use crate::error::{codes, from_panic, Error, Result};
+
+/// An interface identity: what a seam crate's client type declares.
+pub trait Interface: Sized {
+    /// The interface identity, e.g. `dsh.fs`.
+    const ID: &'static str;
+    /// The interface version; bump it on any incompatible change.
+    const VERSION: u32;
+    /// Wraps a raw service handle whose identity has been checked.
+    fn from_service(service: Service) -> Self;
+}
+
+/// A consumer's handle to a service: calls cross the ABI as JSON.
+#[derive(Clone)]
+pub struct Service {
+    name: String,
+    handle: ServiceBox,
+}
+
+impl Service {
+    /// Wraps `handle`, checking it implements `I` (identity and version).
+    pub fn checked<I: Interface>(name: &str, handle: ServiceBox) -> Result<I> {
+        let actual = handle.interface();
+        if actual.interface.as_str() != I::ID || actual.version != I::VERSION {
+            return Err(Error::new(
+                codes::INTERFACE_MISMATCH,
+                format!(
+                    "service `{name}` implements interface {} v{}, but this plugin needs {} v{}",
+                    actual.interface,
+                    actual.version,
+                    I::ID,
+                    I::VERSION
+                ),
+            )
+            .with_help("rebuild provider and consumer against the same seam crate version"));
+        }
+        Ok(I::from_service(Service {
+            name: name.to_string(),
+            handle,
+        }))
+    }
+
+    /// The registry name this handle was injected under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Calls `method` with `args`, decoding the JSON result.
+    pub fn call<A: Serialize, R: DeserializeOwned>(&self, method: &str, args: &A) -> Result<R> {
+        let args = serde_json::to_string(args)?;
+        let raw = self.call_raw(method, &args)?;
+        serde_json::from_str(&raw).map_err(|e| {
+            Error::internal(format!(
+                "service `{}` returned a malformed result for `{method}`: {e}",
+                self.name
+            ))
+        })
+    }
+
+    /// Calls `method` with raw JSON `args`, returning raw JSON.
+    pub fn call_raw(&self, method: &str, args: &str) -> Result<String> {
+        match self.handle.call(RStr::from(method), RStr::from(args)) {
+            RResult::ROk(s) => Ok(s.into()),
+            RResult::RErr(e) => Err(e.into()),
+        }
+    }
+
+    /// The raw handle, for passing the service on.
+    pub fn handle(&self) -> &ServiceBox {
+        &self.handle
+    }
+}
+
+type Handler = dyn Fn(&str, &str) -> Result<String> + Send + Sync;
+
+#[derive(Clone)]
+struct Dispatcher {
+    decl: ServiceDecl,
+    handler: Arc<Handler>,
+}
+
+impl ServiceObj for Dispatcher {
+    fn interface(&self) -> ServiceDecl {
+        self.decl.clone()
+    }
+
+    fn call(&self, method: RStr<'_>, args: RStr<'_>) -> RResult<RString, RError> {
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            (self.handler)(method.as_str(), args.as_str())
+        }));
+        match outcome {
+            Ok(Ok(s)) => RResult::ROk(s.into()),
+            Ok(Err(e)) => RResult::RErr(e.into()),
+            Err(payload) => RResult::RErr(
+                from_panic(&format!("{}.{}", self.decl.interface, method), payload).into(),
+            ),
+        }
+    }
+}
+
+/// Makes a service object from a raw JSON handler. Panics inside `handler` are caught and
+/// returned as `PANIC` errors. Seam crates call this through [`crate::interface!`].
+pub fn serve<F>(interface: &str, version: u32, handler: F) -> ServiceBox
+where
+    F: Fn(&str, &str) -> Result<String> + Send + Sync + 'static,
+{
+    ServiceObj_TO::from_ptr(
+        RArc::new(Dispatcher {
+            decl: ServiceDecl {
+                name: RString::new(),
+                interface: interface.into(),
+                version,
+            },
+            handler: Arc::new(handler),
+        }),
+        TD_Opaque,
+    )
+}
+
+/// Decodes JSON `args` for `method`, naming the method in the error.
+pub fn decode_args<T: DeserializeOwned>(method: &str, args: &str) -> Result<T> {
+    serde_json::from_str(args)
+        .map_err(|e| Error::invalid(format!("bad arguments for `{method}`: {e}")))
+}
+
+/// Encodes a method's result as JSON.
+pub fn encode_result<T: Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::internal(format!("cannot encode result: {e}")))
+}
+
+/// Generates a typed service interface: a trait for providers, a client type for consumers
+/// that implements the same trait over the ABI, and `Client::serve(provider)`.
+///
+/// Every method takes `&self` and one serde argument and returns `Result<T>`.
+///
+/// ```
+/// use cordis_sdk::prelude::*;
+///
+/// cordis_sdk::interface! {
+///     /// Says hello.
+///     pub trait Greeter as GreeterClient ("example.greeter", 1) {
+///         /// Greets `name`.
+///         fn greet(&self, name: String) -> String;
+///     }
+/// }
+///
+/// struct English;
+/// impl Greeter for English {
+///     fn greet(&self, name: String) -> Result<String> {
+///         Ok(format!("hello, {name}"))
+///     }
+/// }
+///
+/// let handle = GreeterClient::serve(English);
+/// let client: GreeterClient = Service::checked("greeter", handle).unwrap();
+/// assert_eq!(client.greet("Ada".into()).unwrap(), "hello, Ada");
+/// ```
+#[macro_export]
+macro_rules! interface {
+    (
+        $(#[$meta:meta])*
+        $vis:vis trait $trait_name:ident as $client:ident ($id:literal, $version:literal) {
+            $(
+                $(#[$mmeta:meta])*
+                fn $method:ident(&self, $arg:ident : $arg_ty:ty) -> $ret:ty;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis trait $trait_name: Send + Sync + 'static {
+            $(
+                $(#[$mmeta])*
+                fn $method(&self, $arg: $arg_ty) -> $crate::Result<$ret>;
+            )*
+        }
+
+        #[doc = concat!("The consumer side of [`", stringify!($trait_name), "`], calling a provider across the ABI.")]
+        #[derive(Clone)]
+        $vis struct $client {
+            service: $crate::Service,
+        }
+
+        impl $crate::Interface for $client {
+            const ID: &'static str = $id;
+            const VERSION: u32 = $version;
+            fn from_service(service: $crate::Service) -> Self {
+                $client { service }
+            }
+        }
+
+        impl $client {
+            /// Wraps a provider as a service object the host can register.
+            pub fn serve<T: $trait_name>(provider: T) -> $crate::abi::ServiceBox {
+                let provider = ::std::sync::Arc::new(provider);
+                $crate::serve($id, $version, move |method: &str, args: &str| -> $crate::Result<String> {
+                    match method {
+                        $(
+                            stringify!($method) => {
+                                let $arg: $arg_ty = $crate::decode_args(method, args)?;
+                                $crate::encode_result(&provider.$method($arg)?)
+                            }
+                        )*
+                        other => Err($crate::Error::new(
+                            $crate::codes::UNKNOWN_METHOD,
+                            format!("interface {} v{} has no method `{}`", $id, $version, other),
+                        )),
+                    }
+                })
+            }
+
+            /// The raw service handle.
+            pub fn service(&self) -> &$crate::Service {
+                &self.service
+            }
+        }
+
+        impl $trait_name for $client {
+            $(
+                fn $method(&self, $arg: $arg_ty) -> $crate::Result<$ret> {
+                    self.service.call(stringify!($method), &$arg)
+                }
+            )*
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    crate::interface! {
+        trait Echo as EchoClient ("test.echo", 3) {
+            fn echo(&self, text: String) -> String;
+            fn boom(&self, unit: ()) -> ();
+        }
+    }
+
+    struct Impl;
+    impl Echo for Impl {
+        fn echo(&self, text: String) -> Result<String> {
+            Ok(text)
+        }
+        fn boom(&self, _unit: ()) -> Result<()> {
+            panic!("kaboom")
+        }
+    }
+
+    #[test]
+    fn round_trip_and_panic_guard() {
+        let client: EchoClient = Service::checked("echo", EchoClient::serve(Impl)).unwrap();
+        assert_eq!(client.echo("hi".into()).unwrap(), "hi");
+        let err = client.boom(()).unwrap_err();
+        assert_eq!(err.code, codes::PANIC);
+        assert!(err.message.contains("kaboom"), "{}", err.message);
+        let err = client.service().call_raw("nope", "null").unwrap_err();
+        assert_eq!(err.code, codes::UNKNOWN_METHOD);
+        let err = client.service().call_raw("echo", "42").unwrap_err();
+        assert_eq!(err.code, codes::INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn interface_mismatch_is_an_error() {
+        let handle = serve("test.echo", 2, |_, _| Ok("null".into()));
+        let err = match Service::checked::<EchoClient>("echo", handle) {
+            Err(e) => e,
+            Ok(_) => panic!("a v2 provider must not satisfy a v3 consumer"),
+        };
+        assert_eq!(err.code, codes::INTERFACE_MISMATCH);
+        assert!(err.message.contains("v2") && err.message.contains("v3"));
+    }
+}
