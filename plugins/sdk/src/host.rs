@@ -50,3 +50,43 @@ crate::interface! {
         fn append(&self, event: NewEvent) -> u64;
     }
 }
+
+/// The registry name of the host's approval service.
+pub const APPROVAL: &str = "approval";
+
+/// A request for a person's approval, bound to one tool call.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ApprovalRequest {
+    /// The calling session.
+    pub session: String,
+    /// The tool call this approval is for; an answer is valid for this call only.
+    pub call_id: String,
+    /// The tool asking.
+    pub tool: String,
+    /// What would be done, for the person deciding.
+    pub summary: String,
+    /// Why the model says it needs it.
+    pub justification: String,
+}
+
+/// How a person answered.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalOutcome {
+    /// Granted.
+    Approved,
+    /// Refused.
+    Rejected,
+    /// The person dismissed the request.
+    Cancelled,
+    /// Nobody can be asked (no interactive front-end).
+    Unavailable,
+}
+
+crate::interface! {
+    /// Asks the person behind the active front-end to approve one action.
+    pub trait Approval as ApprovalClient ("cordis.approval", 1) {
+        /// Blocks until the person answers (or the front-end cannot ask).
+        fn request(&self, request: ApprovalRequest) -> ApprovalOutcome;
+    }
+}

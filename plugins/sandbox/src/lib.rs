@@ -1,0 +1,627 @@
+//! The shared sandbox vocabulary every enforcing family and every tool speaks: the closed
+//! set of [`SandboxMode`]s, the per-call [`SandboxExecutionPolicy`], the one
+//! [`writable_roots`] function both the fs fence and the shell runner use, path
+//! canonicalization and containment, the model-facing denial marker, the escalation
+//! parameter check, the ordered fail-closed [`approve_escalation`], and the `sandboxPolicy`
+//! service interface. It depends on no approval or agent code: approval comes in through
+//! the minimal [`EscalationApprover`] trait.
+
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
+
+use cordis_sdk::host::SessionEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A file-effect mode. Wider order: read-only < workspace-write < danger-full-access.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// No file modification.
+    ReadOnly,
+    /// Modifications beneath the workspace root and the temp areas.
+    WorkspaceWrite,
+    /// Unrestricted.
+    DangerFullAccess,
+}
+
+/// Every mode, narrowest first.
+pub const SANDBOX_MODES: [SandboxMode; 3] = [
+    SandboxMode::ReadOnly,
+    SandboxMode::WorkspaceWrite,
+    SandboxMode::DangerFullAccess,
+];
+
+impl SandboxMode {
+    /// The mode's spelling in configs, events and markers.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::ReadOnly => "read-only",
+            SandboxMode::WorkspaceWrite => "workspace-write",
+            SandboxMode::DangerFullAccess => "danger-full-access",
+        }
+    }
+
+    /// Strictly wider than `other`.
+    pub fn is_wider_than(self, other: SandboxMode) -> bool {
+        self > other
+    }
+
+    /// The modes strictly wider than this one (escalation targets).
+    pub fn wider_modes(self) -> Vec<SandboxMode> {
+        SANDBOX_MODES.into_iter().filter(|m| m.is_wider_than(self)).collect()
+    }
+}
+
+impl fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A mode spelling outside the closed vocabulary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownMode(pub String);
+
+impl fmt::Display for UnknownMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown sandbox mode `{}`; expected one of: read-only, workspace-write, danger-full-access",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownMode {}
+
+impl FromStr for SandboxMode {
+    type Err = UnknownMode;
+    fn from_str(s: &str) -> Result<Self, UnknownMode> {
+        SANDBOX_MODES
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| UnknownMode(s.to_string()))
+    }
+}
+
+/// The full policy one call runs under: the effective mode and the workspace root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxExecutionPolicy {
+    /// The effective mode for this call.
+    pub mode: SandboxMode,
+    /// The canonical workspace root for this call.
+    pub workspace_root: PathBuf,
+}
+
+/// The roots a `workspace-write` call may modify beneath: the workspace root, `/tmp` and
+/// the process temp dir, each canonicalized, deduplicated. The ONE source for every
+/// enforcing family (fs fence and shell runner), so they cannot drift.
+pub fn writable_roots(policy: &SandboxExecutionPolicy) -> Vec<PathBuf> {
+    let candidates = [
+        policy.workspace_root.clone(),
+        PathBuf::from("/tmp"),
+        std::env::temp_dir(),
+    ];
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for c in candidates {
+        if let Ok(canon) = c.canonicalize() {
+            if !roots.contains(&canon) {
+                roots.push(canon);
+            }
+        }
+    }
+    roots
+}
+
+/// Canonicalizes a path that may not exist yet: the deepest existing ancestor is resolved
+/// with the filesystem (symlinks, `..`), the rest is appended lexically. `path` must be
+/// absolute.
+pub fn canonical_path(path: &Path) -> std::io::Result<PathBuf> {
+    if !path.is_absolute() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not absolute", path.display()),
+        ));
+    }
+    let mut existing = path.to_path_buf();
+    let mut rest: Vec<std::ffi::OsString> = Vec::new();
+    loop {
+        match existing.canonicalize() {
+            Ok(canon) => {
+                let mut out = canon;
+                for part in rest.iter().rev() {
+                    match Path::new(part).components().next() {
+                        Some(Component::ParentDir) => {
+                            out.pop();
+                        }
+                        Some(Component::CurDir) | None => {}
+                        _ => out.push(part),
+                    }
+                }
+                return Ok(out);
+            }
+            Err(e) => {
+                let is_link = existing
+                    .symlink_metadata()
+                    .map(|m| m.file_type().is_symlink())
+                    .unwrap_or(false);
+                if is_link {
+                    // A dangling or looping symlink: its target is unknown, refuse.
+                    return Err(e);
+                }
+                match (existing.file_name(), existing.parent()) {
+                    (Some(name), Some(parent)) => {
+                        rest.push(name.to_os_string());
+                        existing = parent.to_path_buf();
+                    }
+                    _ => {
+                        // Ends in `..` or `.`: resolve lexically one level, then retry.
+                        let last = existing.components().next_back();
+                        match last {
+                            Some(Component::ParentDir) | Some(Component::CurDir) => {
+                                rest.push(last.unwrap().as_os_str().to_os_string());
+                                existing.pop();
+                            }
+                            _ => return Err(e),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `path` is `root` or beneath it (component-wise: `/ws-evil` is not beneath `/ws`).
+pub fn is_within(path: &Path, root: &Path) -> bool {
+    path.starts_with(root)
+}
+
+/// The writable root that contains the canonical `path`, if any.
+pub fn containing_root<'a>(path: &Path, roots: &'a [PathBuf]) -> Option<&'a PathBuf> {
+    roots.iter().find(|r| is_within(path, r))
+}
+
+/// The model-facing denial marker, verbatim.
+pub fn denial_marker(mode: SandboxMode) -> String {
+    format!("[sandbox: file access denied under {mode} mode]")
+}
+
+/// The one-line hint after a denial, when the tool offers escalation.
+pub fn escalation_hint(mode: SandboxMode) -> String {
+    let wider: Vec<&str> = mode.wider_modes().iter().map(|m| m.as_str()).collect();
+    format!(
+        "If this change is required, retry the same call with `sandbox_permissions` set to a wider mode ({}) and a one-sentence `justification`; a person will be asked to approve it.",
+        wider.join(" or ")
+    )
+}
+
+/// The `sandbox:policy` text the model sees for a resolved policy (wording from the
+/// policy owner's documentation).
+pub fn policy_text(policy: &SandboxExecutionPolicy) -> String {
+    match policy.mode {
+        SandboxMode::ReadOnly => "Current DSH file policy: read-only. Any available operation enforced by the DSH file sandbox cannot modify files in the standing mode. Do not refuse a required modification from this policy alone: try an available tool normally and follow any denial and escalation guidance it returns.".to_string(),
+        SandboxMode::WorkspaceWrite => format!(
+            "Current DSH file policy: workspace-write. Any available operation enforced by the DSH file sandbox may modify files under the session workspace: \"{}\". Some platform temporary areas may also be writable.",
+            policy.workspace_root.display()
+        ),
+        SandboxMode::DangerFullAccess => "Current DSH file policy: danger-full-access. The DSH file sandbox does not restrict file modifications by available operations.".to_string(),
+    }
+}
+
+/// The session event kind that records a mode switch.
+pub const MODE_EVENT: &str = "sandbox/mode";
+
+/// A `sandbox/mode` event whose value is outside the vocabulary (a forged or corrupt log).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForgedModeEvent {
+    /// The event's sequence number.
+    pub seq: u64,
+    /// What it said.
+    pub value: String,
+}
+
+impl fmt::Display for ForgedModeEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "session event #{} `{MODE_EVENT}` has value {} outside the closed vocabulary (read-only, workspace-write, danger-full-access); the log was altered",
+            self.seq, self.value
+        )
+    }
+}
+
+/// The pure fold: the last `sandbox/mode` switch wins; a forged value is rejected.
+pub fn effective_sandbox_mode(
+    events: &[SessionEvent],
+) -> Result<Option<SandboxMode>, ForgedModeEvent> {
+    let mut mode = None;
+    for e in events.iter().filter(|e| e.kind == MODE_EVENT) {
+        let raw = e.data.get("mode").cloned().unwrap_or(serde_json::Value::Null);
+        let parsed = raw.as_str().and_then(|s| s.parse::<SandboxMode>().ok());
+        match parsed {
+            Some(m) => mode = Some(m),
+            None => {
+                return Err(ForgedModeEvent {
+                    seq: e.seq,
+                    value: raw.to_string(),
+                })
+            }
+        }
+    }
+    Ok(mode)
+}
+
+/// A call's escalation request, after the pairing check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EscalationParams {
+    /// The wider mode asked for.
+    pub mode: SandboxMode,
+    /// Why.
+    pub justification: String,
+}
+
+/// The parameter names tools declare when the backend is confined.
+pub const PERMISSIONS_PARAM: &str = "sandbox_permissions";
+/// See [`PERMISSIONS_PARAM`].
+pub const JUSTIFICATION_PARAM: &str = "justification";
+
+/// Checks `sandbox_permissions` + `justification` in tool arguments: both or neither.
+pub fn escalation_params(args: &serde_json::Value) -> Result<Option<EscalationParams>, String> {
+    let perm = args.get(PERMISSIONS_PARAM).filter(|v| !v.is_null());
+    let just = args.get(JUSTIFICATION_PARAM).filter(|v| !v.is_null());
+    match (perm, just) {
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(format!(
+            "`{PERMISSIONS_PARAM}` and `{JUSTIFICATION_PARAM}` go together: pass both or neither"
+        )),
+        (Some(p), Some(j)) => {
+            let mode = p
+                .as_str()
+                .ok_or_else(|| format!("`{PERMISSIONS_PARAM}` must be a mode string"))?
+                .parse::<SandboxMode>()
+                .map_err(|e| e.to_string())?;
+            let justification = j
+                .as_str()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| format!("`{JUSTIFICATION_PARAM}` must be a non-empty string"))?
+                .to_string();
+            Ok(Some(EscalationParams {
+                mode,
+                justification,
+            }))
+        }
+    }
+}
+
+/// How an approver answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApproverDecision {
+    /// Granted.
+    Approved,
+    /// Refused.
+    Rejected,
+    /// Dismissed.
+    Cancelled,
+    /// Nobody could be asked.
+    Unavailable,
+}
+
+/// What an approver is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EscalationAsk<'a> {
+    /// The tool asking.
+    pub tool: &'a str,
+    /// The call's current mode.
+    pub current: SandboxMode,
+    /// The mode asked for.
+    pub requested: SandboxMode,
+    /// The model's reason.
+    pub justification: &'a str,
+    /// What the call would do, for the person.
+    pub summary: &'a str,
+}
+
+/// The minimal approver: tools adapt their approval service to this.
+pub trait EscalationApprover {
+    /// Asks a person.
+    fn approve(&self, ask: &EscalationAsk<'_>) -> ApproverDecision;
+}
+
+/// The result of the escalation orchestration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Escalation {
+    /// Run exactly this call in `mode` (the session root is kept, no event is written).
+    Granted(SandboxMode),
+    /// Do nothing; return `text` as the tool's error result.
+    Refused {
+        /// Why, as a stable code: `not-wider`, `rejected`, `cancelled`, `unavailable`.
+        reason: &'static str,
+        /// The fixed fail-closed text.
+        text: String,
+    },
+}
+
+/// The fixed fail-closed texts.
+pub mod texts {
+    use super::SandboxMode;
+
+    /// The requested mode is not strictly wider.
+    pub fn not_wider(current: SandboxMode, requested: SandboxMode) -> String {
+        format!("Escalation not requested: `{requested}` is not wider than the current `{current}` mode. The call was not run; nothing changed.")
+    }
+    /// A person rejected the escalation.
+    pub fn rejected(requested: SandboxMode) -> String {
+        format!("Escalation to `{requested}` was rejected by the user. The call was not run; nothing changed. Do not retry this escalation; continue within the current mode or ask the user how to proceed.")
+    }
+    /// A person dismissed the request.
+    pub fn cancelled(requested: SandboxMode) -> String {
+        format!("Escalation to `{requested}` was cancelled before a decision. The call was not run; nothing changed.")
+    }
+    /// Nobody could be asked.
+    pub fn unavailable(requested: SandboxMode) -> String {
+        format!("Escalation to `{requested}` is unavailable: no approver can be asked in this session. The call was not run; nothing changed.")
+    }
+}
+
+/// Ordered, fail-closed: (1) the requested mode must be strictly wider (else refused
+/// without asking); (2) an approver must exist (else unavailable); (3) only an explicit
+/// approval grants; every other answer refuses.
+pub fn approve_escalation(
+    approver: Option<&dyn EscalationApprover>,
+    ask: &EscalationAsk<'_>,
+) -> Escalation {
+    if !ask.requested.is_wider_than(ask.current) {
+        return Escalation::Refused {
+            reason: "not-wider",
+            text: texts::not_wider(ask.current, ask.requested),
+        };
+    }
+    let Some(approver) = approver else {
+        return Escalation::Refused {
+            reason: "unavailable",
+            text: texts::unavailable(ask.requested),
+        };
+    };
+    match approver.approve(ask) {
+        ApproverDecision::Approved => Escalation::Granted(ask.requested),
+        ApproverDecision::Rejected => Escalation::Refused {
+            reason: "rejected",
+            text: texts::rejected(ask.requested),
+        },
+        ApproverDecision::Cancelled => Escalation::Refused {
+            reason: "cancelled",
+            text: texts::cancelled(ask.requested),
+        },
+        ApproverDecision::Unavailable => Escalation::Refused {
+            reason: "unavailable",
+            text: texts::unavailable(ask.requested),
+        },
+    }
+}
+
+/// A family that enforces the policy.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum EnforcedFamily {
+    /// `fs` backends.
+    Filesystem,
+    /// `shell` backends.
+    Bash,
+    /// Terminal backends.
+    Terminal,
+}
+
+/// Arguments of `resolve`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolveArgs {
+    /// The calling session, if any.
+    pub session: Option<String>,
+    /// An explicitly approved mode for this one call.
+    pub mode: Option<SandboxMode>,
+}
+
+/// Arguments of `set_sandbox_mode`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetModeArgs {
+    /// The session.
+    pub session: String,
+    /// The new standing mode.
+    pub mode: SandboxMode,
+}
+
+/// The registry name of the policy service.
+pub const SANDBOX_POLICY: &str = "sandboxPolicy";
+
+cordis_sdk::interface! {
+    /// The one owner of sandbox policy: deployment default, per-session overrides, and the
+    /// model-facing `sandbox:policy` text.
+    pub trait SandboxPolicy as SandboxPolicyClient ("dsh.sandbox-policy", 1) {
+        /// The full policy for one call: approved mode > session's last switch > default;
+        /// session cwd > configured workspace root.
+        fn resolve(&self, args: ResolveArgs) -> SandboxExecutionPolicy;
+        /// The deployment default mode.
+        fn default_mode(&self, unit: ()) -> SandboxMode;
+        /// The configured fallback workspace root.
+        fn workspace_root(&self, unit: ()) -> PathBuf;
+        /// Records a session's standing mode switch (one `sandbox/mode` event).
+        fn set_sandbox_mode(&self, args: SetModeArgs) -> u64;
+        /// Registers an enforcing family; returns a token for `unregister_enforced_family`.
+        fn register_enforced_family(&self, family: EnforcedFamily) -> u64;
+        /// Withdraws one contribution.
+        fn unregister_enforced_family(&self, token: u64) -> ();
+        /// The registered families, canonical order.
+        fn enforced_families(&self, unit: ()) -> Vec<EnforcedFamily>;
+        /// The `sandbox:policy` text for a session (empty when no family is registered).
+        fn policy_text(&self, session: Option<String>) -> String;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(seq: u64, kind: &str, mode: serde_json::Value) -> SessionEvent {
+        SessionEvent {
+            seq,
+            kind: kind.into(),
+            data: serde_json::json!({ "mode": mode }),
+        }
+    }
+
+    #[test]
+    fn modes_are_closed_and_ordered() {
+        assert_eq!(
+            SANDBOX_MODES.map(|m| m.as_str()),
+            ["read-only", "workspace-write", "danger-full-access"]
+        );
+        for m in SANDBOX_MODES {
+            assert_eq!(m.as_str().parse::<SandboxMode>(), Ok(m));
+            assert_eq!(serde_json::to_value(m).unwrap(), m.as_str());
+        }
+        assert!(SandboxMode::WorkspaceWrite.is_wider_than(SandboxMode::ReadOnly));
+        assert!(!SandboxMode::ReadOnly.is_wider_than(SandboxMode::ReadOnly));
+        let err = "workspace_write".parse::<SandboxMode>().unwrap_err().to_string();
+        assert!(err.contains("read-only, workspace-write, danger-full-access"), "{err}");
+    }
+
+    #[test]
+    fn fold_last_switch_wins_and_rejects_forged_values() {
+        assert_eq!(effective_sandbox_mode(&[]), Ok(None));
+        let events = [
+            ev(1, MODE_EVENT, "danger-full-access".into()),
+            ev(2, "other", "x".into()),
+            ev(3, MODE_EVENT, "read-only".into()),
+        ];
+        assert_eq!(effective_sandbox_mode(&events), Ok(Some(SandboxMode::ReadOnly)));
+        let forged = [ev(1, MODE_EVENT, "root".into())];
+        assert_eq!(effective_sandbox_mode(&forged).unwrap_err().seq, 1);
+        let forged = [ev(4, MODE_EVENT, serde_json::json!(7))];
+        assert!(effective_sandbox_mode(&forged).is_err());
+    }
+
+    #[test]
+    fn marker_is_verbatim() {
+        assert_eq!(
+            denial_marker(SandboxMode::WorkspaceWrite),
+            "[sandbox: file access denied under workspace-write mode]"
+        );
+    }
+
+    #[test]
+    fn escalation_params_pairing() {
+        use serde_json::json;
+        let check = |args: serde_json::Value, expected: Result<Option<SandboxMode>, ()>| {
+            let got = escalation_params(&args).map(|o| o.map(|p| p.mode)).map_err(|_| ());
+            assert_eq!(got, expected, "{args}");
+        };
+        check(json!({}), Ok(None));
+        check(json!({"sandbox_permissions": null, "justification": null}), Ok(None));
+        check(json!({"sandbox_permissions": "danger-full-access"}), Err(()));
+        check(json!({"justification": "need it"}), Err(()));
+        check(json!({"sandbox_permissions": "god-mode", "justification": "x"}), Err(()));
+        check(json!({"sandbox_permissions": "danger-full-access", "justification": "  "}), Err(()));
+        check(
+            json!({"sandbox_permissions": "danger-full-access", "justification": "write the system config"}),
+            Ok(Some(SandboxMode::DangerFullAccess)),
+        );
+    }
+
+    struct Fixed(ApproverDecision, std::cell::Cell<u32>);
+    impl EscalationApprover for Fixed {
+        fn approve(&self, _ask: &EscalationAsk<'_>) -> ApproverDecision {
+            self.1.set(self.1.get() + 1);
+            self.0
+        }
+    }
+
+    #[test]
+    fn approve_escalation_is_ordered_and_fail_closed() {
+        let ask = |current, requested| EscalationAsk {
+            tool: "write",
+            current,
+            requested,
+            justification: "because",
+            summary: "write /etc/x",
+        };
+        let yes = Fixed(ApproverDecision::Approved, Default::default());
+        // Not wider: refused without asking.
+        let r = approve_escalation(Some(&yes), &ask(SandboxMode::WorkspaceWrite, SandboxMode::ReadOnly));
+        assert!(matches!(r, Escalation::Refused { reason: "not-wider", .. }));
+        assert_eq!(yes.1.get(), 0);
+        // No approver: unavailable.
+        let r = approve_escalation(None, &ask(SandboxMode::ReadOnly, SandboxMode::WorkspaceWrite));
+        assert!(matches!(r, Escalation::Refused { reason: "unavailable", .. }));
+        // Each answer.
+        let cases = [
+            (ApproverDecision::Approved, None),
+            (ApproverDecision::Rejected, Some("rejected")),
+            (ApproverDecision::Cancelled, Some("cancelled")),
+            (ApproverDecision::Unavailable, Some("unavailable")),
+        ];
+        for (decision, refused) in cases {
+            let a = Fixed(decision, Default::default());
+            let r = approve_escalation(Some(&a), &ask(SandboxMode::ReadOnly, SandboxMode::DangerFullAccess));
+            match (r, refused) {
+                (Escalation::Granted(m), None) => assert_eq!(m, SandboxMode::DangerFullAccess),
+                (Escalation::Refused { reason, text }, Some(expected)) => {
+                    assert_eq!(reason, expected);
+                    assert!(text.contains("nothing changed"), "{text}");
+                }
+                (other, _) => panic!("{decision:?} gave {other:?}"),
+            }
+            assert_eq!(a.1.get(), 1);
+        }
+    }
+
+    #[test]
+    fn canonical_path_and_containment_on_real_disk() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let ws = root.join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        std::fs::create_dir(root.join("ws-evil")).unwrap();
+        std::os::unix::fs::symlink(&root, ws.join("up")).unwrap();
+        std::os::unix::fs::symlink(ws.join("nowhere"), ws.join("dangling")).unwrap();
+        let c = |p: PathBuf| canonical_path(&p).ok();
+        assert_eq!(c(ws.join("new/dir/file")), Some(ws.join("new/dir/file")));
+        assert_eq!(c(ws.join("a/../b")), Some(ws.join("b")));
+        assert_eq!(c(ws.join("up/ws-evil/x")), Some(root.join("ws-evil/x")));
+        assert_eq!(c(ws.join("dangling")), None);
+        assert!(canonical_path(Path::new("relative")).is_err());
+        assert!(is_within(&ws.join("x"), &ws));
+        assert!(is_within(&ws, &ws));
+        assert!(!is_within(&root.join("ws-evil/x"), &ws));
+    }
+
+    #[test]
+    fn writable_roots_are_canonical_workspace_and_temp() {
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("alias");
+        std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
+        let roots = writable_roots(&SandboxExecutionPolicy {
+            mode: SandboxMode::WorkspaceWrite,
+            workspace_root: link,
+        });
+        assert_eq!(roots[0], tmp.path().canonicalize().unwrap());
+        assert!(roots.contains(&PathBuf::from("/tmp").canonicalize().unwrap()));
+        assert!(roots.contains(&std::env::temp_dir().canonicalize().unwrap()));
+    }
+
+    #[test]
+    fn policy_text_is_byte_stable() {
+        let p = SandboxExecutionPolicy {
+            mode: SandboxMode::WorkspaceWrite,
+            workspace_root: "/w".into(),
+        };
+        assert_eq!(policy_text(&p), policy_text(&p.clone()));
+        assert!(policy_text(&p).contains("\"/w\""));
+    }
+}
