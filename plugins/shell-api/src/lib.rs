@@ -1,0 +1,72 @@
+//! The `shell` seam: the interface every shell backend (`dsh-bash-local`,
+//! `dsh-bash-sandbox`) provides and every consumer (`dsh-tool-bash`) injects.
+
+use std::path::PathBuf;
+
+use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
+use serde::{Deserialize, Serialize};
+
+/// The registry name of the shell service.
+pub const SHELL: &str = "shell";
+
+/// Error codes of the `shell` interface.
+pub mod codes {
+    /// The kernel sandbox cannot be enforced here; the command was NOT run.
+    pub const SHELL_SANDBOX_UNAVAILABLE: &str = "SHELL_SANDBOX_UNAVAILABLE";
+    /// The command could not be started.
+    pub const SHELL_SPAWN: &str = "SHELL_SPAWN";
+}
+
+/// Default timeout when a request names none.
+pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+/// Default cap on captured stdout + stderr bytes (each).
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
+
+/// One command to run with `bash -c`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The script.
+    pub command: String,
+    /// Absolute working directory.
+    pub cwd: PathBuf,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Kill the whole process group after this long.
+    pub timeout_ms: Option<u64>,
+    /// Cap on captured bytes of stdout and of stderr.
+    pub output_limit: Option<u64>,
+    /// The per-call policy; `None` means the backend's deployment default.
+    pub policy: Option<SandboxExecutionPolicy>,
+}
+
+/// How a command ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Exit status, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when killed.
+    pub signal: Option<i32>,
+    /// Captured stdout (lossy UTF-8), capped.
+    pub stdout: String,
+    /// Captured stderr (lossy UTF-8), capped.
+    pub stderr: String,
+    /// Output was cut at the cap (a notice names the cap).
+    pub truncated: bool,
+    /// The timeout fired and the process group was killed.
+    pub timed_out: bool,
+    /// The sandbox denied a file access (inferred conservatively from the output).
+    pub sandbox_denied: bool,
+    /// The mode the command ran under (`None`: unconfined backend).
+    pub mode: Option<SandboxMode>,
+}
+
+cordis_sdk::interface! {
+    /// Runs shell commands.
+    pub trait Shell as ShellClient ("dsh.shell", 1) {
+        /// Runs one command to completion (or timeout).
+        fn exec(&self, request: ExecRequest) -> ExecResult;
+        /// The capability fact: `None` for an unconfined backend, else its default mode.
+        fn sandbox_mode(&self, unit: ()) -> Option<SandboxMode>;
+    }
+}
