@@ -1,1 +1,279 @@
-//! End-to-end tests of the host core.
+//! End-to-end tests of the host core: the real `cordis` binary on real plugin libraries
+//! (the example plugin and the fixture plugins), for every way a composition can be wrong.
+
+use cordis_e2e::Scratch;
+
+/// Runs `cordis <command>` on `manifest` and checks the exit code and that the output
+/// names everything in `needles`.
+fn check(command: &[&str], manifest: &str, code: i32, needles: &[&str]) -> Scratch {
+    let scratch = Scratch::new();
+    scratch.manifest(manifest);
+    scratch
+        .run(command)
+        .expect_code(code)
+        .expect_output(needles);
+    scratch
+}
+
+#[test]
+fn valid_composition_prints_the_plan_in_dependency_order() {
+    let s = check(
+        &["check"],
+        "- name: fixture-greeter-consumer\n- name: '@deepseek-ai/cordis-example'\n  config:\n    word: hi\n",
+        0,
+        &["valid composition, 2 entries"],
+    );
+    let out = s.run(&["check"]).stdout();
+    let example = out.find("1. cordis-example").expect("provider first");
+    let consumer = out
+        .find("2. fixture-greeter-consumer")
+        .expect("consumer second");
+    assert!(example < consumer, "{out}");
+    assert!(
+        out.contains("injects  greeter <- entry cordis-example"),
+        "{out}"
+    );
+    assert!(
+        out.contains("greeter-backup (optional) <- nothing"),
+        "{out}"
+    );
+}
+
+#[test]
+fn missing_required_service_names_consumer_service_line_and_a_provider() {
+    check(
+        &["check"],
+        "# a consumer without its provider\n- name: fixture-greeter-consumer\n",
+        1,
+        &[
+            "error[missing-service]",
+            "entry `fixture-greeter-consumer` requires service `greeter` (example.greeter v1)",
+            "cordis.yml:2:3",
+            "add an entry `- name: cordis-example`",
+        ],
+    );
+}
+
+#[test]
+fn two_providers_of_one_service() {
+    check(
+        &["check"],
+        "- name: cordis-example\n- name: cordis-example\n  id: second\n",
+        1,
+        &[
+            "error[duplicate-provider]",
+            "entry `cordis-example` and entry `second` (plugin `cordis-example`) both provide service `greeter`",
+            "cordis.yml:2:3",
+            "disabled: true",
+        ],
+    );
+}
+
+#[test]
+fn same_plugin_twice_needs_distinct_ids() {
+    check(
+        &["check"],
+        "- name: cordis-example\n- name: cordis-example\n",
+        1,
+        &[
+            "error[duplicate-id]",
+            "cordis.yml:2:3",
+            "plugin `cordis-example` appears twice",
+        ],
+    );
+}
+
+#[test]
+fn dependency_cycle_is_printed() {
+    check(
+        &["check"],
+        "- name: fixture-cycle-a\n- name: fixture-cycle-b\n",
+        1,
+        &[
+            "error[dependency-cycle]",
+            "`fixture-cycle-a` (line 1) → `fixture-cycle-b` (line 2) → `fixture-cycle-a` (line 1)",
+        ],
+    );
+}
+
+#[test]
+fn interface_version_mismatch_between_provider_and_consumer() {
+    check(
+        &["check"],
+        "- name: fixture-greeter-v2\n- name: fixture-greeter-consumer\n",
+        1,
+        &[
+            "error[interface-mismatch]",
+            "entry `fixture-greeter-consumer` injects `greeter` as example.greeter v1, but entry `fixture-greeter-v2` provides it as example.greeter v2",
+            "cordis.yml:2:3",
+        ],
+    );
+}
+
+#[test]
+fn library_problems() {
+    let s = check(
+        &["check"],
+        "- name: no-such-plugin\n",
+        1,
+        &[
+            "error[library-not-found]",
+            "no library for plugin `no-such-plugin`",
+            "looked for",
+            "libno_such_plugin.so (next to the cordis binary)",
+        ],
+    );
+    s.write("libs/libfake.so", "not a shared object");
+    s.manifest("- name: fake\n  path: libs/libfake.so\n");
+    s.run(&["check"]).expect_code(1).expect_output(&[
+        "error[library-invalid]",
+        "entry `fake`",
+        "libfake.so",
+        "cordis.yml:1:3",
+    ]);
+    let real = cordis_e2e::library("cordis-example");
+    s.manifest(&format!(
+        "- name: fixture-faulty\n  path: {}\n",
+        real.display()
+    ));
+    s.run(&["check"]).expect_code(1).expect_output(&[
+        "error[plugin-name-mismatch]",
+        "contains plugin `cordis-example`, not `fixture-faulty`",
+    ]);
+}
+
+#[test]
+fn manifest_syntax_and_shape_errors_have_line_and_column() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "- name: a\n   bad: [\n",
+            &["error[yaml-syntax]", "cordis.yml:2:7"],
+        ),
+        (
+            "- name: cordis-example\n  confg: {}\n",
+            &[
+                "error[unknown-key]",
+                "unknown entry key `confg`",
+                "cordis.yml:2:3",
+                "did you mean `config`?",
+            ],
+        ),
+        ("- id: x\n", &["error[missing-name]", "cordis.yml:1:3"]),
+        (
+            "- name: cordis-example\n  id: a\n- name: fixture-faulty\n  id: a\n",
+            &[
+                "error[duplicate-id]",
+                "duplicate entry id `a`",
+                "cordis.yml:3:3",
+                "first used at line 1:3",
+            ],
+        ),
+    ];
+    for (manifest, needles) in cases {
+        check(&["check"], manifest, 1, needles);
+    }
+}
+
+#[test]
+fn all_errors_are_reported_not_only_the_first() {
+    check(
+        &["check"],
+        "- name: no-such-plugin\n- name: fixture-greeter-consumer\n- name: cordis-example\n  config:\n    wrd: 1\n",
+        1,
+        &[
+            "error[library-not-found]",
+            "error[missing-service]",
+            "error[invalid-config]",
+            "unknown field `wrd`",
+            "cordis.yml:5:5",
+            "accepts config keys: word",
+            "(3 errors)",
+        ],
+    );
+}
+
+#[test]
+fn disabled_entries_and_groups_are_not_loaded() {
+    let s = check(
+        &["check"],
+        "- name: cordis-example\n- group: true\n  disabled: true\n  config:\n    - name: no-such-plugin\n    - name: fixture-cycle-a\n- name: fixture-faulty\n  disabled: true\n",
+        0,
+        &["valid composition, 1 entry"],
+    );
+    let out = s.run(&["check"]).stdout();
+    assert!(out.contains("no-such-plugin (disabled, line 5)"), "{out}");
+    assert!(out.contains("fixture-faulty (disabled, line 7)"), "{out}");
+}
+
+#[test]
+fn services_shows_providers_consumers_and_absent_optional_injections() {
+    check(
+        &["services"],
+        "- name: cordis-example\n- name: fixture-greeter-consumer\n",
+        0,
+        &[
+            "greeter: example.greeter v1 provided by entry cordis-example (plugin cordis-example); consumers: fixture-greeter-consumer",
+            "sessions: cordis.sessions v1 provided by host",
+            "greeter-backup: absent (optional for entry fixture-greeter-consumer)",
+            "tools: greet, greet-via-service",
+        ],
+    );
+}
+
+#[test]
+fn apply_failure_disposes_what_was_applied_and_exits_non_zero() {
+    for (fail, needles) in [
+        (
+            "panic",
+            &["apply panicked: fixture panics in apply", "[PANIC]"][..],
+        ),
+        (
+            "error",
+            &[
+                "fixture refuses to start [FIXTURE_FAILED]",
+                "set `fail:` to nothing",
+            ][..],
+        ),
+    ] {
+        let s = Scratch::new();
+        s.manifest(&format!(
+            "- name: cordis-example\n- name: fixture-faulty\n  config:\n    fail: {fail}\n"
+        ));
+        let run = s.run_with_log(&["services"], "info");
+        run.expect_code(1)
+            .expect_output(&["entry `fixture-faulty` (plugin `fixture-faulty`, cordis.yml line 2) failed to apply"])
+            .expect_output(needles)
+            .expect_output(&["faulty disposer ran", "greeter disposed"]);
+    }
+}
+
+#[test]
+fn run_serves_until_sigterm_and_disposes_in_reverse_order() {
+    let s = Scratch::new();
+    s.manifest("- name: cordis-example\n- name: fixture-greeter-consumer\n");
+    let mut child = cordis_e2e::KillOnDrop(
+        s.cordis(&["run"])
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn cordis run"),
+    );
+    let stderr = child.0.stderr.take().expect("stderr");
+    let banner = cordis_e2e::wait_for_line(stderr, "running", std::time::Duration::from_secs(30));
+    let (seen, rest) = banner.expect("cordis run printed no banner");
+    assert!(
+        seen.contains("plugins: cordis-example (0.1.0), fixture-greeter-consumer (0.1.0)"),
+        "{seen}"
+    );
+    assert!(
+        seen.contains("greeter ready") && seen.contains("plugin=\"cordis-example\""),
+        "plugin log not bridged: {seen}"
+    );
+    cordis_e2e::signal(&child.0, "TERM");
+    let status = child.0.wait().expect("wait");
+    let tail = rest.join();
+    assert!(status.success(), "exit {status:?}\n{tail}");
+    assert!(tail.contains("received SIGTERM"), "{tail}");
+    assert!(tail.contains("greeter disposed"), "{tail}");
+}

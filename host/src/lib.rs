@@ -5,6 +5,7 @@
 //! composition validated) → [`registry`] (entries applied in dependency order) → front-ends
 //! call tools in a session from [`sessions`].
 
+pub mod approval;
 pub mod diag;
 pub mod loader;
 pub mod manifest;
@@ -15,9 +16,10 @@ pub mod sessions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cordis_sdk::host::{SessionsClient, SESSIONS};
+use cordis_sdk::host::{ApprovalClient, SessionsClient, APPROVAL, SESSIONS};
 use cordis_sdk::Interface;
 
+use crate::approval::{ApprovalRouter, ApprovalService};
 use crate::diag::Diagnostics;
 use crate::loader::{SearchPath, ServiceSpec};
 use crate::plan::{Plan, PlanOptions};
@@ -32,6 +34,16 @@ pub struct Host {
     pub options: PlanOptions,
     /// The session store.
     pub sessions: Arc<SessionStore>,
+    /// Where approval requests go.
+    pub approvals: Arc<ApprovalRouter>,
+}
+
+fn spec<I: Interface>(name: &str) -> ServiceSpec {
+    ServiceSpec {
+        name: name.to_string(),
+        interface: I::ID.to_string(),
+        version: I::VERSION,
+    }
 }
 
 impl Host {
@@ -42,13 +54,13 @@ impl Host {
             options: PlanOptions {
                 search: SearchPath::new(plugin_path),
                 verbose,
-                host_services: vec![ServiceSpec {
-                    name: SESSIONS.to_string(),
-                    interface: SessionsClient::ID.to_string(),
-                    version: SessionsClient::VERSION,
-                }],
+                host_services: vec![
+                    spec::<SessionsClient>(SESSIONS),
+                    spec::<ApprovalClient>(APPROVAL),
+                ],
             },
             sessions: Arc::new(SessionStore::new(state_dir)),
+            approvals: Arc::new(ApprovalRouter::default()),
         }
     }
 
@@ -60,10 +72,16 @@ impl Host {
     /// Plans and applies the composition.
     pub fn start(&self) -> anyhow::Result<(Plan, Registry)> {
         let plan = self.plan()?;
-        let mut registry = Registry::with_host_services(vec![(
-            self.options.host_services[0].clone(),
-            SessionsClient::serve(SessionsService(self.sessions.clone())),
-        )]);
+        let mut registry = Registry::with_host_services(vec![
+            (
+                spec::<SessionsClient>(SESSIONS),
+                SessionsClient::serve(SessionsService(self.sessions.clone())),
+            ),
+            (
+                spec::<ApprovalClient>(APPROVAL),
+                ApprovalClient::serve(ApprovalService(self.approvals.clone())),
+            ),
+        ]);
         registry.apply_plan(&plan)?;
         Ok((plan, registry))
     }

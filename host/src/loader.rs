@@ -53,7 +53,9 @@ impl SearchPath {
     pub fn all_libraries(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
         for (dir, _) in &self.dirs {
-            let Ok(read) = std::fs::read_dir(dir) else { continue };
+            let Ok(read) = std::fs::read_dir(dir) else {
+                continue;
+            };
             let mut files: Vec<PathBuf> = read
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| {
@@ -153,7 +155,7 @@ pub enum LoadError {
         full: String,
     },
     /// The plugin's own `metadata()` failed.
-    Metadata(RError),
+    Metadata(Box<RError>),
 }
 
 impl fmt::Display for LoadError {
@@ -161,10 +163,15 @@ impl fmt::Display for LoadError {
         match self {
             LoadError::Open(detail) => write!(f, "the dynamic loader refused it: {detail}"),
             LoadError::NotAPlugin => {
-                write!(f, "it is not a cordis plugin (no `export_plugin!` root module)")
+                write!(
+                    f,
+                    "it is not a cordis plugin (no `export_plugin!` root module)"
+                )
             }
             LoadError::Abi { summary, .. } => write!(f, "ABI mismatch: {summary}"),
-            LoadError::Metadata(e) => write!(f, "its metadata() failed: {} [{}]", e.message, e.code),
+            LoadError::Metadata(e) => {
+                write!(f, "its metadata() failed: {} [{}]", e.message, e.code)
+            }
         }
     }
 }
@@ -181,10 +188,12 @@ impl Library {
             LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin,
             other => abi_error(other),
         })?;
-        let module = header.init_root_module::<PluginModRef>().map_err(abi_error)?;
+        let module = header
+            .init_root_module::<PluginModRef>()
+            .map_err(abi_error)?;
         let meta = match (module.metadata())() {
             RResult::ROk(m) => m,
-            RResult::RErr(e) => return Err(LoadError::Metadata(e)),
+            RResult::RErr(e) => return Err(LoadError::Metadata(Box::new(e))),
         };
         let copy = |s: &abi_stable::std_types::RString| s.as_str().to_owned();
         let meta = Meta {
@@ -222,8 +231,10 @@ impl Library {
     }
 
     /// Checks a config (JSON) with the plugin's own deserializer, without applying.
-    pub fn check_config(&self, config: &str) -> Result<(), RError> {
-        (self.module.check_config())(RStr::from(config)).into_result()
+    pub fn check_config(&self, config: &str) -> Result<(), Box<RError>> {
+        (self.module.check_config())(RStr::from(config))
+            .into_result()
+            .map_err(Box::new)
     }
 
     /// The root module (to apply the plugin).

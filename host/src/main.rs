@@ -16,7 +16,12 @@ use tracing_subscriber::EnvFilter;
 #[command(name = "cordis", version, about)]
 struct Cli {
     /// The manifest.
-    #[arg(short = 'c', long = "config", global = true, default_value = "cordis.yml")]
+    #[arg(
+        short = 'c',
+        long = "config",
+        global = true,
+        default_value = "cordis.yml"
+    )]
     manifest: PathBuf,
     /// A directory to search for plugin libraries first (repeatable).
     #[arg(long = "plugin-path", global = true)]
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let state_dir = cordis_host::sessions::default_state_dir(cli.state_dir.as_deref());
     let host = Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose);
@@ -100,7 +106,11 @@ fn describe_plan(plan: &Plan) -> String {
             p.entry.pos.line
         );
         for s in &m.provides {
-            let _ = writeln!(out, "       provides {} ({} v{})", s.name, s.interface, s.version);
+            let _ = writeln!(
+                out,
+                "       provides {} ({} v{})",
+                s.name, s.interface, s.version
+            );
         }
         for inj in &m.injects {
             let from = match plan.providers.get(&inj.name) {
@@ -159,7 +169,12 @@ fn tool_names(registry: &Registry) -> String {
     if registry.tools.is_empty() {
         "-".to_string()
     } else {
-        registry.tools.keys().cloned().collect::<Vec<_>>().join(", ")
+        registry
+            .tools
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -193,8 +208,17 @@ fn run(host: &Host) -> anyhow::Result<ExitCode> {
         "cordis {} running {}: plugins: {}; services: {}; tools: {}",
         env!("CARGO_PKG_VERSION"),
         plan.file.display(),
-        if plugins.is_empty() { "-".to_string() } else { plugins.join(", ") },
-        registry.services.keys().cloned().collect::<Vec<_>>().join(", "),
+        if plugins.is_empty() {
+            "-".to_string()
+        } else {
+            plugins.join(", ")
+        },
+        registry
+            .services
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", "),
         tool_names(&registry)
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -269,7 +269,10 @@ pub fn parse(text: &str) -> Result<Manifest, Vec<Diagnostic>> {
         _ => diags.push(
             Diagnostic::new(
                 "manifest-shape",
-                format!("cordis.yml must be a list of entries, found {}", root.type_name()),
+                format!(
+                    "cordis.yml must be a list of entries, found {}",
+                    root.type_name()
+                ),
             )
             .at(root.pos)
             .help("write one `- name: <plugin>` item per plugin"),
@@ -301,14 +304,19 @@ fn collect_entries(
             );
             continue;
         };
-        let field = |key: &str| pairs.iter().find(|(k, _)| k.key_text() == key).map(|(_, v)| v);
+        let field = |key: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k.key_text() == key)
+                .map(|(_, v)| v)
+        };
         let mut ok = true;
         for (k, _) in pairs {
             let key = k.key_text();
             if !ENTRY_KEYS.contains(&key.as_str()) {
                 ok = false;
-                let mut d = Diagnostic::new("unknown-key", format!("unknown entry key `{key}`"))
-                    .at(k.pos);
+                let mut d =
+                    Diagnostic::new("unknown-key", format!("unknown entry key `{key}`")).at(k.pos);
                 d = match closest(&key, ENTRY_KEYS) {
                     Some(s) => d.help(format!("did you mean `{s}`?")),
                     None => d.help(format!("entry keys are: {}", ENTRY_KEYS.join(", "))),
@@ -319,7 +327,10 @@ fn collect_entries(
         let bool_field = |key: &str, diags: &mut Vec<Diagnostic>| -> bool {
             match field(key) {
                 None => false,
-                Some(Node { value: Value::Bool(b), .. }) => *b,
+                Some(Node {
+                    value: Value::Bool(b),
+                    ..
+                }) => *b,
                 Some(n) => {
                     diags.push(
                         Diagnostic::new(
@@ -335,12 +346,18 @@ fn collect_entries(
         let str_field = |key: &str, diags: &mut Vec<Diagnostic>| -> Option<String> {
             match field(key) {
                 None => None,
-                Some(Node { value: Value::Str(s), .. }) if !s.is_empty() => Some(s.clone()),
+                Some(Node {
+                    value: Value::Str(s),
+                    ..
+                }) if !s.is_empty() => Some(s.clone()),
                 Some(n) => {
                     diags.push(
                         Diagnostic::new(
                             "entry-type",
-                            format!("`{key}` must be a non-empty string, found {}", n.type_name()),
+                            format!(
+                                "`{key}` must be a non-empty string, found {}",
+                                n.type_name()
+                            ),
                         )
                         .at(n.pos),
                     );
@@ -509,7 +526,10 @@ mod tests {
                 ("c", "c", false, 10),
             ]
         );
-        assert_eq!(m.entries[0].config, serde_json::json!({"mode": "workspace-write"}));
+        assert_eq!(
+            m.entries[0].config,
+            serde_json::json!({"mode": "workspace-write"})
+        );
         assert_eq!(m.entries[3].path, Some(PathBuf::from("libs/libc.so")));
     }
 
@@ -528,7 +548,10 @@ mod tests {
     #[test]
     fn suggestions() {
         assert_eq!(closest("confg", ENTRY_KEYS), Some("config"));
-        assert_eq!(closest("workspaceRot", &["mode", "workspaceRoot"]), Some("workspaceRoot"));
+        assert_eq!(
+            closest("workspaceRot", &["mode", "workspaceRoot"]),
+            Some("workspaceRoot")
+        );
         assert_eq!(closest("zzzzzz", ENTRY_KEYS), None);
         assert_eq!(plugin_name("@deepseek-ai/dsh-fs-local"), "dsh-fs-local");
         assert_eq!(plugin_name("dsh-fs-local"), "dsh-fs-local");

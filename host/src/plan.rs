@@ -133,7 +133,11 @@ fn load_entry(
                 diags.push(
                     Diagnostic::new(
                         "library-not-found",
-                        format!("{}: library file {} does not exist", describe(entry), p.display()),
+                        format!(
+                            "{}: library file {} does not exist",
+                            describe(entry),
+                            p.display()
+                        ),
                     )
                     .at(entry.pos)
                     .help("fix `path:` or remove it to search the plugin path by name"),
@@ -147,7 +151,11 @@ fn load_entry(
             Err(tried) => {
                 let mut d = Diagnostic::new(
                     "library-not-found",
-                    format!("{}: no library for plugin `{}`", describe(entry), entry.plugin),
+                    format!(
+                        "{}: no library for plugin `{}`",
+                        describe(entry),
+                        entry.plugin
+                    ),
                 )
                 .at(entry.pos);
                 for (t, (_, why)) in tried.iter().zip(&opts.search.dirs) {
@@ -233,7 +241,11 @@ fn load_entry(
             if keys.is_empty() {
                 format!("plugin `{}` takes no config", entry.plugin)
             } else {
-                format!("plugin `{}` accepts config keys: {}", entry.plugin, keys.join(", "))
+                format!(
+                    "plugin `{}` accepts config keys: {}",
+                    entry.plugin,
+                    keys.join(", ")
+                )
             }
         }));
         diags.push(d);
@@ -410,7 +422,13 @@ fn order_by_dependencies(planned: &[Planned], diags: &mut Vec<Diagnostic>) -> Ve
     let provider_of: HashMap<&str, usize> = planned
         .iter()
         .enumerate()
-        .flat_map(|(i, p)| p.library.meta.provides.iter().map(move |s| (s.name.as_str(), i)))
+        .flat_map(|(i, p)| {
+            p.library
+                .meta
+                .provides
+                .iter()
+                .map(move |s| (s.name.as_str(), i))
+        })
         .collect();
     let deps: Vec<Vec<usize>> = planned
         .iter()

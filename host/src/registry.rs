@@ -10,9 +10,10 @@ use abi_stable::{
     std_types::{RArc, ROption, RResult, RStr, RString},
 };
 use cordis_sdk::abi::{
-    HostCtxObj, HostCtxObj_TO, InstanceBox, LoggerBox, LoggerObj, LoggerObj_TO, RError,
-    ServiceBox, ToolBox, ToolDecl,
+    HostCtxObj, HostCtxObj_TO, InstanceBox, LoggerBox, LoggerObj, LoggerObj_TO, RError, ServiceBox,
+    ToolBox, ToolDecl,
 };
+use cordis_sdk::{CallContext, ToolResult};
 use tracing::Level;
 
 use crate::loader::{Library, ServiceSpec};
@@ -42,6 +43,32 @@ pub struct ToolSlot {
     /// The entry that registered it.
     pub entry: String,
 }
+
+/// A call named a tool nobody registered.
+#[derive(Debug)]
+pub struct UnknownTool {
+    /// The name asked for.
+    pub name: String,
+    /// The registered tools.
+    pub known: Vec<String>,
+}
+
+impl std::fmt::Display for UnknownTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no tool `{}`; registered tools: {}",
+            self.name,
+            if self.known.is_empty() {
+                "none".to_string()
+            } else {
+                self.known.join(", ")
+            }
+        )
+    }
+}
+
+impl std::error::Error for UnknownTool {}
 
 /// An applied entry.
 pub struct Applied {
@@ -74,7 +101,7 @@ pub struct ApplyError {
     /// Its manifest line.
     pub line: usize,
     /// What the plugin said.
-    pub error: cordis_sdk::Error,
+    pub error: Box<cordis_sdk::Error>,
 }
 
 impl std::fmt::Display for ApplyError {
@@ -130,7 +157,7 @@ impl Registry {
             entry: entry.id.clone(),
             plugin: meta.name.clone(),
             line: entry.pos.line,
-            error,
+            error: Box::new(error),
         };
         let mut ctx = ApplyCtx {
             registry: self,
@@ -208,6 +235,41 @@ impl Registry {
         self.applied.iter()
     }
 
+    /// Calls tool `name` in a session. A tool's own error becomes an error result naming
+    /// its code; only an unknown tool is an `Err`.
+    pub fn call_tool(
+        &self,
+        name: &str,
+        call: &CallContext,
+        args: &serde_json::Value,
+    ) -> Result<ToolResult, UnknownTool> {
+        let slot = self.tools.get(name).ok_or_else(|| UnknownTool {
+            name: name.to_string(),
+            known: self.tools.keys().cloned().collect(),
+        })?;
+        let context = serde_json::to_string(call).unwrap_or_default();
+        let args = args.to_string();
+        Ok(
+            match slot
+                .handle
+                .call(RStr::from(context.as_str()), RStr::from(args.as_str()))
+            {
+                RResult::ROk(out) => ToolResult {
+                    is_error: out.is_error,
+                    text: out.text.into(),
+                },
+                RResult::RErr(e) => {
+                    let e = cordis_sdk::Error::from(e);
+                    let mut text = format!("error: {} [{}]", e.message, e.code);
+                    if let Some(h) = e.help {
+                        text.push_str(&format!("\nhelp: {h}"));
+                    }
+                    ToolResult::error(text)
+                }
+            },
+        )
+    }
+
     /// The library behind an applied entry.
     pub fn library_of(&self, id: &str) -> Option<&Arc<Library>> {
         self.applied
@@ -263,7 +325,10 @@ impl HostCtxObj for ApplyCtx<'_> {
         let Some(spec) = meta.provides.iter().find(|s| s.name == name.as_str()) else {
             return RResult::RErr(rerr(
                 "UNDECLARED_SERVICE",
-                format!("plugin `{}` provides `{name}` without declaring it", meta.name),
+                format!(
+                    "plugin `{}` provides `{name}` without declaring it",
+                    meta.name
+                ),
                 Some(format!("add `.provides::<...>(\"{name}\")` to metadata()")),
             ));
         };
@@ -304,7 +369,10 @@ impl HostCtxObj for ApplyCtx<'_> {
         if let Some(existing) = self.registry.tools.get(&name) {
             return RResult::RErr(rerr(
                 "DUPLICATE_TOOL",
-                format!("tool `{name}` is already registered by entry `{}`", existing.entry),
+                format!(
+                    "tool `{name}` is already registered by entry `{}`",
+                    existing.entry
+                ),
                 Some("compose only one plugin that registers this tool".into()),
             ));
         }

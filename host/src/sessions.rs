@@ -37,7 +37,11 @@ pub fn default_state_dir(flag: Option<&Path>) -> PathBuf {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum Line {
-    Header { version: u32, id: String, cwd: PathBuf },
+    Header {
+        version: u32,
+        id: String,
+        cwd: PathBuf,
+    },
     Event(SessionEvent),
 }
 
@@ -143,8 +147,13 @@ impl SessionStore {
             .open(&path)
             .map_err(io(&path))?;
         write_line(&mut file, &header).map_err(io(&path))?;
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(io(&dir))?;
-        let info = SessionInfo { id: id.clone(), cwd };
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&dir))?;
+        let info = SessionInfo {
+            id: id.clone(),
+            cwd,
+        };
         self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
             id,
             Arc::new(Log {
@@ -259,13 +268,18 @@ fn replay(path: &Path) -> Result<Log, SessionError> {
                 "{}:{line_no}: torn last line (an append was interrupted); it is dropped",
                 path.display()
             );
-            let f = OpenOptions::new().write(true).open(path).map_err(io(path))?;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io(path))?;
             f.set_len(good_len).map_err(io(path))?;
             f.sync_all().map_err(io(path))?;
             break;
         }
         match serde_json::from_str::<Line>(buf.trim_end()) {
-            Ok(Line::Header { id, cwd, .. }) if line_no == 1 => header = Some(SessionInfo { id, cwd }),
+            Ok(Line::Header { id, cwd, .. }) if line_no == 1 => {
+                header = Some(SessionInfo { id, cwd })
+            }
             Ok(Line::Event(e)) if line_no > 1 => events.push(e),
             Ok(_) => {
                 return Err(SessionError::Corrupt {
@@ -338,7 +352,11 @@ mod tests {
         let info = store.create(cwd.path()).unwrap();
         assert_eq!(info.cwd, cwd.path().canonicalize().unwrap());
         store
-            .append(&info.id, "sandbox/mode", serde_json::json!({"mode": "read-only"}))
+            .append(
+                &info.id,
+                "sandbox/mode",
+                serde_json::json!({"mode": "read-only"}),
+            )
             .unwrap();
         let path = store.path_of(&info.id);
         // A crash mid-append leaves a torn last line.
@@ -350,7 +368,12 @@ mod tests {
         let events = reopened.events(&info.id, Some("sandbox/mode")).unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].data["mode"], "read-only");
-        assert_eq!(reopened.append(&info.id, "x", serde_json::json!(1)).unwrap(), 2);
+        assert_eq!(
+            reopened
+                .append(&info.id, "x", serde_json::json!(1))
+                .unwrap(),
+            2
+        );
         let again = SessionStore::new(state.path());
         assert_eq!(again.events(&info.id, None).unwrap().len(), 2);
     }

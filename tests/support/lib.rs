@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 pub use cordis_host::{plan::Plan, registry::Registry, Host};
 pub use cordis_sdk::{Interface, Service};
@@ -23,7 +23,9 @@ pub fn workspace_root() -> PathBuf {
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("test binary in deps/");
-    deps.parent().expect("deps/ in the profile dir").to_path_buf()
+    deps.parent()
+        .expect("deps/ in the profile dir")
+        .to_path_buf()
 }
 
 /// Builds every plugin library and the `cordis` binary of the workspace (once per test
@@ -114,7 +116,13 @@ impl Scratch {
 
     /// Runs `cordis ARGS` to completion.
     pub fn run(&self, args: &[&str]) -> Run {
+        self.run_with_log(args, "warn")
+    }
+
+    /// Runs `cordis ARGS` to completion with `RUST_LOG=level`.
+    pub fn run_with_log(&self, args: &[&str], level: &str) -> Run {
         let mut cmd = self.cordis(args);
+        cmd.env("RUST_LOG", level);
         let output = cmd.output().expect("failed to run cordis");
         Run {
             what: format!("cordis {}", args.join(" ")),
@@ -132,11 +140,13 @@ impl Scratch {
             &self.path().join("state"),
             false,
         );
-        let (plan, registry) = host.start().unwrap_or_else(|e| panic!("start failed: {e:#}"));
+        let (plan, registry) = host
+            .start()
+            .unwrap_or_else(|e| panic!("start failed: {e:#}"));
         Started {
             host,
             _plan: plan,
-            registry: Arc::new(registry),
+            registry,
         }
     }
 }
@@ -147,10 +157,44 @@ pub struct Started {
     pub host: Host,
     _plan: Plan,
     /// The applied registry.
-    pub registry: Arc<Registry>,
+    pub registry: Registry,
 }
 
 impl Started {
+    /// Creates a session rooted at `cwd` and returns its call context (fresh call id).
+    pub fn session(&self, cwd: &Path) -> cordis_sdk::SessionInfo {
+        self.host
+            .sessions
+            .create(cwd)
+            .unwrap_or_else(|e| panic!("create session: {e}"))
+    }
+
+    /// Calls tool `name` in `session` with JSON `args`, as a front-end would.
+    pub fn call_tool(
+        &self,
+        session: &cordis_sdk::SessionInfo,
+        name: &str,
+        args: serde_json::Value,
+    ) -> cordis_sdk::ToolResult {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        let call = cordis_sdk::CallContext {
+            session: session.clone(),
+            call_id: format!("test-call-{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+        };
+        self.registry
+            .call_tool(name, &call, &args)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Makes every approval request answer `outcome` (`None`: nobody can be asked).
+    pub fn approvals(&self, outcome: Option<cordis_sdk::host::ApprovalOutcome>) {
+        match outcome {
+            Some(o) => self.host.approvals.answer_always(o),
+            None => self.host.approvals.set_default(None),
+        }
+    }
+
     /// A typed client for service `name`.
     pub fn service<I: Interface>(&self, name: &str) -> I {
         let slot = self
@@ -191,7 +235,12 @@ impl Run {
     pub fn context(&self) -> String {
         let listing: Vec<String> = walk(&self.cwd)
             .into_iter()
-            .map(|p| p.strip_prefix(&self.cwd).unwrap_or(&p).display().to_string())
+            .map(|p| {
+                p.strip_prefix(&self.cwd)
+                    .unwrap_or(&p)
+                    .display()
+                    .to_string()
+            })
             .collect();
         format!(
             "command: {}\ncwd: {}\nexit: {:?}\nlisting: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -206,7 +255,12 @@ impl Run {
 
     /// Asserts the exit code.
     pub fn expect_code(&self, code: i32) -> &Self {
-        assert_eq!(self.code(), Some(code), "unexpected exit code\n{}", self.context());
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "unexpected exit code\n{}",
+            self.context()
+        );
         self
     }
 
@@ -233,4 +287,65 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+/// Lines still to come from a child's stream.
+pub struct Rest {
+    rx: std::sync::mpsc::Receiver<String>,
+}
+
+impl Rest {
+    /// Everything until the stream closes.
+    pub fn join(self) -> String {
+        self.rx.iter().collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Reads `stream` line by line until a line contains `needle` (or `timeout` passes).
+/// Returns the text seen so far and the rest of the stream.
+pub fn wait_for_line(
+    stream: impl std::io::Read + Send + 'static,
+    needle: &str,
+    timeout: std::time::Duration,
+) -> Option<(String, Rest)> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + timeout;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        let line = rx.recv_timeout(left).ok()?;
+        let found = line.contains(needle);
+        seen.push(line);
+        if found {
+            return Some((seen.join("\n"), Rest { rx }));
+        }
+    }
+}
+
+/// Sends `SIG<name>` to a child with the system `kill`.
+pub fn signal(child: &std::process::Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} failed");
+}
+
+/// A child process killed when the test lets go of it (also on a failed assertion).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

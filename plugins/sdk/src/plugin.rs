@@ -184,7 +184,9 @@ impl ToolObj for ToolDispatcher {
                 text: r.text.into(),
             }),
             Ok(Err(e)) => RResult::RErr(e.into()),
-            Err(payload) => RResult::RErr(from_panic(&format!("tool `{}`", self.name), payload).into()),
+            Err(payload) => {
+                RResult::RErr(from_panic(&format!("tool `{}`", self.name), payload).into())
+            }
         }
     }
 }
@@ -218,7 +220,11 @@ impl<'a> Context<'a> {
 
     /// An optional injected service: `None` when nothing provides it.
     pub fn inject_optional<I: Interface>(&self, name: &str) -> Result<Option<I>> {
-        let declared = self.metadata.injects.iter().any(|d| d.name.as_str() == name);
+        let declared = self
+            .metadata
+            .injects
+            .iter()
+            .any(|d| d.name.as_str() == name);
         if !declared {
             return Err(Error::internal(format!(
                 "plugin `{}` injects `{name}` without declaring it in its metadata",
@@ -330,10 +336,15 @@ extern "C" fn metadata<P: Plugin>() -> RResult<PluginMeta, RError> {
 }
 
 extern "C" fn check_config<P: Plugin>(config: RStr<'_>) -> RResult<(), RError> {
-    guard("check_config", || parse_config::<P>(config.as_str()).map(drop))
+    guard("check_config", || {
+        parse_config::<P>(config.as_str()).map(drop)
+    })
 }
 
-extern "C" fn apply<P: Plugin>(host: HostCtx<'_>, config: RStr<'_>) -> RResult<InstanceBox, RError> {
+extern "C" fn apply<P: Plugin>(
+    host: HostCtx<'_>,
+    config: RStr<'_>,
+) -> RResult<InstanceBox, RError> {
     guard("apply", move || {
         crate::log::install(host.logger());
         let config = parse_config::<P>(config.as_str())?;
@@ -342,19 +353,23 @@ extern "C" fn apply<P: Plugin>(host: HostCtx<'_>, config: RStr<'_>) -> RResult<I
             metadata: P::metadata(),
             disposers: Vec::new(),
         };
-        match P::apply(&mut ctx, config) {
-            Ok(plugin) => Ok(InstanceObj_TO::from_value(
-                Instance {
-                    plugin: Some(plugin),
-                    disposers: std::mem::take(&mut ctx.disposers),
-                },
-                TD_Opaque,
-            )),
-            Err(e) => {
-                run_disposers(&mut ctx.disposers);
-                Err(e)
+        let outcome = catch_unwind(AssertUnwindSafe(|| P::apply(&mut ctx, config)));
+        let error = match outcome {
+            Ok(Ok(plugin)) => {
+                return Ok(InstanceObj_TO::from_value(
+                    Instance {
+                        plugin: Some(plugin),
+                        disposers: std::mem::take(&mut ctx.disposers),
+                    },
+                    TD_Opaque,
+                ))
             }
-        }
+            Ok(Err(e)) => e,
+            Err(payload) => from_panic("apply", payload),
+        };
+        // Undo what the failed apply set up, even when it panicked half-way.
+        let _ = catch_unwind(AssertUnwindSafe(|| run_disposers(&mut ctx.disposers)));
+        Err(error)
     })
 }
 

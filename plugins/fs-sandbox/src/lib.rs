@@ -1,0 +1,166 @@
+//! The fenced `fs` backend: provides `fs` in place of `dsh-fs-local`, injects
+//! `sandboxPolicy`, and fences the mutations (`write_text`, `edit_text`) by the per-call
+//! policy or, when a call carries none, the deployment default. Reads always pass.
+//!
+//! - `read-only`: every mutation is `FS_SANDBOX_DENIED`.
+//! - `workspace-write`: the canonical target must lie beneath one of
+//!   [`dsh_sandbox::writable_roots`], and the mutation is performed through a handle to that
+//!   root with every component resolved beneath it, so a symlink swapped in between the
+//!   check and the write cannot escape.
+//! - `danger-full-access`: unfenced.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use cordis_sdk::prelude::*;
+use dsh_fs_api::{DirEntry, EditText, Edited, FileSystem, FsClient, Stat, WriteText, Written, FS};
+use dsh_fs_core::{io_error, sandbox_denied, Parents, PathLocks, Target};
+use dsh_sandbox::{
+    EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
+    SandboxPolicyClient, SANDBOX_POLICY,
+};
+
+/// The config under `config:` in `cordis.yml`: none; the policy comes from `sandboxPolicy`.
+#[derive(Deserialize, JsonSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {}
+
+/// "Too many levels of symbolic links" (Linux and most Unixes use 40).
+const ELOOP: i32 = 40;
+
+/// The file a mutation may touch under `policy`, or why not.
+fn fenced_target(policy: &SandboxExecutionPolicy, path: &Path, parents: Parents) -> Result<Target> {
+    dsh_fs_core::check_path(path)?;
+    let mode = policy.mode;
+    match mode {
+        SandboxMode::ReadOnly => Err(sandbox_denied(
+            mode,
+            path,
+            "read-only mode allows no modification",
+        )),
+        SandboxMode::DangerFullAccess => Target::ambient(&dsh_fs_core::resolve(path)?, parents),
+        SandboxMode::WorkspaceWrite => {
+            let canonical = dsh_sandbox::canonical_path(path).map_err(|e| match () {
+                _ if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ELOOP) => sandbox_denied(
+                    mode,
+                    path,
+                    &format!("a symlink on the path is dangling or loops, so where it leads cannot be checked ({e})"),
+                ),
+                _ => io_error(e, "resolve", path),
+            })?;
+            let roots = dsh_sandbox::writable_roots(policy);
+            let Some(root) = dsh_sandbox::containing_root(&canonical, &roots) else {
+                let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+                return Err(sandbox_denied(
+                    mode,
+                    path,
+                    &format!(
+                        "it resolves to `{}`, outside the writable roots ({})",
+                        canonical.display(),
+                        listed.join(", ")
+                    ),
+                ));
+            };
+            Target::beneath(root, &canonical, parents, mode)
+        }
+    }
+}
+
+struct FencedFs {
+    policy: SandboxPolicyClient,
+    locks: PathLocks,
+}
+
+impl FencedFs {
+    fn policy_for(
+        &self,
+        per_call: Option<SandboxExecutionPolicy>,
+    ) -> Result<SandboxExecutionPolicy> {
+        match per_call {
+            Some(p) => Ok(p),
+            None => self.policy.resolve(ResolveArgs::default()).map_err(|e| {
+                Error::new(
+                    e.code.clone(),
+                    format!(
+                        "cannot resolve the deployment sandbox policy: {}",
+                        e.message
+                    ),
+                )
+                .with_help("check the `dsh-sandbox-policy` entry in cordis.yml")
+            }),
+        }
+    }
+}
+
+impl FileSystem for FencedFs {
+    fn resolve(&self, path: PathBuf) -> Result<PathBuf> {
+        dsh_fs_core::resolve(&path)
+    }
+
+    fn stat(&self, path: PathBuf) -> Result<Stat> {
+        dsh_fs_core::stat(&path)
+    }
+
+    fn read_text(&self, path: PathBuf) -> Result<String> {
+        dsh_fs_core::read_text(&path)
+    }
+
+    fn list_dir(&self, path: PathBuf) -> Result<Vec<DirEntry>> {
+        dsh_fs_core::list_dir(&path)
+    }
+
+    fn write_text(&self, args: WriteText) -> Result<Written> {
+        let policy = self.policy_for(args.policy)?;
+        let target = fenced_target(&policy, &args.path, Parents::Create)?;
+        self.locks
+            .with(target.path(), || target.write(args.content.as_bytes()))
+    }
+
+    fn edit_text(&self, args: EditText) -> Result<Edited> {
+        let policy = self.policy_for(args.policy)?;
+        let target = fenced_target(&policy, &args.path, Parents::Existing)?;
+        self.locks.with(target.path(), || {
+            target.edit(&args.old_string, &args.new_string, args.replace_all)
+        })
+    }
+
+    fn sandbox_mode(&self, _unit: ()) -> Result<Option<SandboxMode>> {
+        self.policy.default_mode(()).map(Some)
+    }
+}
+
+/// The plugin.
+pub struct FsSandboxPlugin;
+
+impl Plugin for FsSandboxPlugin {
+    type Config = Config;
+
+    fn metadata() -> Metadata {
+        Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+            .description("the fenced filesystem backend: writes confined by the sandbox policy")
+            .provides::<FsClient>(FS)
+            .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
+    }
+
+    fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {
+        let policy: SandboxPolicyClient = ctx.inject(SANDBOX_POLICY)?;
+        let token = policy.register_enforced_family(EnforcedFamily::Filesystem)?;
+        let withdraw = policy.clone();
+        ctx.on_dispose(move || {
+            if let Err(e) = withdraw.unregister_enforced_family(token) {
+                tracing::warn!("cannot withdraw the filesystem family from sandboxPolicy: {e}");
+            }
+        });
+        ctx.provide(
+            FS,
+            FsClient::serve(FencedFs {
+                policy,
+                locks: PathLocks::default(),
+            }),
+        )?;
+        tracing::debug!(entry = %ctx.entry_id(), "fenced fs ready");
+        Ok(FsSandboxPlugin)
+    }
+}
+
+cordis_sdk::export_plugin!(FsSandboxPlugin);
