@@ -58,15 +58,22 @@ impl Diagnostic {
         self
     }
 
-    /// Renders it for a person, with the manifest path.
-    pub fn render(&self, file: &Path) -> String {
-        Rendered { diag: self, file }.to_string()
+    /// Renders it for a person, with the manifest path and, when the manifest text is
+    /// given, the source line with a caret under the offending value.
+    pub fn render(&self, file: &Path, source: Option<&str>) -> String {
+        Rendered {
+            diag: self,
+            file,
+            source,
+        }
+        .to_string()
     }
 }
 
 struct Rendered<'a> {
     diag: &'a Diagnostic,
     file: &'a Path,
+    source: Option<&'a str>,
 }
 
 impl fmt::Display for Rendered<'_> {
@@ -74,7 +81,34 @@ impl fmt::Display for Rendered<'_> {
         let d = self.diag;
         writeln!(f, "error[{}]: {}", d.code, d.message)?;
         match d.pos {
-            Some(p) => writeln!(f, "  --> {}:{}:{}", self.file.display(), p.line, p.col)?,
+            Some(p) => {
+                writeln!(f, "  --> {}:{}:{}", self.file.display(), p.line, p.col)?;
+                let line = self
+                    .source
+                    .and_then(|s| s.lines().nth(p.line.saturating_sub(1)));
+                if let Some(line) = line {
+                    let gutter = p.line.to_string().len();
+                    let start = p.col.saturating_sub(1).min(line.len());
+                    let token = line[start..].trim_end();
+                    let width = token
+                        .split([':', '#'])
+                        .next()
+                        .unwrap_or("")
+                        .trim_end()
+                        .chars()
+                        .count()
+                        .max(1);
+                    writeln!(f, "{:gutter$} |", "")?;
+                    writeln!(f, "{} | {line}", p.line)?;
+                    writeln!(
+                        f,
+                        "{:gutter$} | {}{}",
+                        "",
+                        " ".repeat(start),
+                        "^".repeat(width)
+                    )?;
+                }
+            }
             None => writeln!(f, "  --> {}", self.file.display())?,
         }
         for note in &d.notes {
@@ -94,12 +128,14 @@ pub struct Diagnostics {
     pub file: PathBuf,
     /// All problems found (never empty).
     pub items: Vec<Diagnostic>,
+    /// The manifest's text, for source snippets.
+    pub source: Option<String>,
 }
 
 impl fmt::Display for Diagnostics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for d in &self.items {
-            writeln!(f, "{}", d.render(&self.file))?;
+            writeln!(f, "{}", d.render(&self.file, self.source.as_deref()))?;
         }
         let n = self.items.len();
         write!(

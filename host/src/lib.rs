@@ -9,8 +9,11 @@ pub mod approval;
 pub mod diag;
 pub mod loader;
 pub mod manifest;
+pub mod mcp;
 pub mod plan;
 pub mod registry;
+pub mod runtime;
+pub mod schema;
 pub mod sessions;
 
 use std::path::{Path, PathBuf};

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use cordis_host::diag::Diagnostics;
 use cordis_host::plan::{Plan, Provider};
 use cordis_host::registry::Registry;
+use cordis_host::runtime::Runtime;
 use cordis_host::Host;
+use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
+use cordis_sdk::CallContext;
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// A plugin host for AI coding-agent tools.
@@ -40,31 +44,117 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Validate the composition and print the plan, without applying it.
-    Check,
+    Check {
+        /// `human` (cargo-style, with the plan) or `json` (diagnostics for editors and CI).
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Generate `schemas/` (each plugin's config schema and the manifest schema).
+    Schema(SchemaArgs),
     /// Load the composition and serve until SIGINT/SIGTERM.
     Run,
     /// Apply the composition and print the service registry.
     Services,
     /// Apply the composition and list the registered tools with their input schemas.
     Tools,
+    /// Run one tool call in a session and print the tool's text (exit 0: success result,
+    /// 1: error result such as a sandbox denial, 2: usage or host error).
+    Call(CallArgs),
+    /// Create, inspect and switch sessions.
+    #[command(subcommand)]
+    Session(SessionCommand),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Human,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct SchemaArgs {
+    /// Write the files (atomically; stale schema files are removed).
+    #[arg(long, conflicts_with = "check")]
+    write: bool,
+    /// Fail when the files on disk differ from what would be generated.
+    #[arg(long)]
+    check: bool,
+    /// The directory.
+    #[arg(long, default_value = "schemas")]
+    out: PathBuf,
+    /// The plugins to generate for (found in the plugin search path).
+    #[arg(required = true)]
+    plugins: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct CallArgs {
+    /// Run in this existing session.
+    #[arg(long, conflicts_with = "cwd")]
+    session: Option<String>,
+    /// Root a new session here [default: the current directory].
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// Approve an escalation request without asking.
+    #[arg(long, conflicts_with = "deny")]
+    approve: bool,
+    /// Reject an escalation request without asking.
+    #[arg(long)]
+    deny: bool,
+    /// The tool's name.
+    tool: String,
+    /// The tool's arguments as a JSON object.
+    #[arg(default_value = "{}")]
+    args: String,
+}
+
+#[derive(Subcommand)]
+enum SessionCommand {
+    /// Create a session rooted at a directory and print its id.
+    New {
+        /// The session's immutable root [default: the current directory].
+        #[arg(long)]
+        cwd: Option<PathBuf>,
+    },
+    /// List session ids.
+    List,
+    /// Show a session: its root, its effective sandbox policy and its events.
+    Show {
+        /// The session id.
+        id: String,
+    },
+    /// Switch a session's standing sandbox mode (recorded in its log; survives restarts).
+    SetMode {
+        /// The session id.
+        id: String,
+        /// read-only, workspace-write or danger-full-access.
+        mode: String,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Run => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let state_dir = cordis_host::sessions::default_state_dir(cli.state_dir.as_deref());
     let host = Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose);
     let outcome = match cli.command {
-        Command::Check => check(&host),
+        Command::Check { format } => check(&host, format),
+        Command::Schema(args) => schema(&host, args),
         Command::Run => run(&host),
         Command::Services => services(&host),
         Command::Tools => tools(&host),
+        Command::Call(args) => return call(host, args),
+        Command::Session(cmd) => session(host, cmd),
     };
     match outcome {
         Ok(code) => code,
@@ -78,9 +168,82 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(host: &Host) -> anyhow::Result<ExitCode> {
-    let plan = host.plan()?;
-    print!("{}", describe_plan(&plan));
+fn check(host: &Host, format: Format) -> anyhow::Result<ExitCode> {
+    let outcome = host.plan();
+    if format == Format::Json {
+        let items: Vec<serde_json::Value> = match &outcome {
+            Ok(_) => Vec::new(),
+            Err(d) => d
+                .items
+                .iter()
+                .map(|i| {
+                    serde_json::json!({
+                        "file": d.file,
+                        "line": i.pos.map(|p| p.line),
+                        "column": i.pos.map(|p| p.col),
+                        "code": i.code,
+                        "message": i.message,
+                        "help": i.help,
+                        "notes": i.notes,
+                    })
+                })
+                .collect(),
+        };
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(if outcome.is_ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    print!("{}", describe_plan(&outcome?));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn schema(host: &Host, args: SchemaArgs) -> anyhow::Result<ExitCode> {
+    let mut metas = Vec::new();
+    for name in &args.plugins {
+        let path = host.options.search.find(name).map_err(|tried| {
+            anyhow::anyhow!(
+                "no library for plugin `{name}` (looked for {}); build it first",
+                tried
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        let lib = cordis_host::loader::Library::load(&path)
+            .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))?;
+        metas.push(lib.meta.clone());
+    }
+    metas.sort_by(|a, b| a.name.cmp(&b.name));
+    let files = cordis_host::schema::generate(&metas);
+    if args.check {
+        let stale = cordis_host::schema::check(&args.out, &files);
+        if stale.is_empty() {
+            println!(
+                "{}: {} schema files up to date",
+                args.out.display(),
+                files.len()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        for p in &stale {
+            eprintln!("error: {} is stale", p.display());
+        }
+        eprintln!("help: regenerate with `cordis schema --write` (`cargo xtask schema`)");
+        return Ok(ExitCode::FAILURE);
+    }
+    if args.write {
+        let written = cordis_host::schema::write(&args.out, &files)
+            .with_context(|| format!("failed to write {}", args.out.display()))?;
+        println!("{}: {} files changed", args.out.display(), written.len());
+    } else {
+        for (name, text) in &files {
+            println!("// {name}\n{text}");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -239,4 +402,146 @@ async fn wait_for_shutdown() -> anyhow::Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
+}
+
+/// The registry name of the sandbox policy service that `cordis session` addresses.
+const SANDBOX_POLICY: &str = "sandboxPolicy";
+
+fn call(host: Host, args: CallArgs) -> ExitCode {
+    const HOST_ERROR: u8 = 2;
+    let fail = |e: anyhow::Error| {
+        match e.downcast_ref::<Diagnostics>() {
+            Some(d) => eprintln!("{d}"),
+            None => eprintln!("error: {e:#}"),
+        }
+        ExitCode::from(HOST_ERROR)
+    };
+    let parsed: serde_json::Value = match serde_json::from_str(&args.args) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(other) => {
+            return fail(anyhow::anyhow!(
+            "tool arguments must be a JSON object, got `{other}`; e.g. '{{\"path\": \"a.txt\"}}'"
+        ))
+        }
+        Err(e) => return fail(anyhow::anyhow!("tool arguments are not valid JSON: {e}")),
+    };
+    let session = match &args.session {
+        Some(id) => host.sessions.get(id),
+        None => {
+            let cwd = match args
+                .cwd
+                .clone()
+                .map(Ok)
+                .unwrap_or_else(std::env::current_dir)
+            {
+                Ok(c) => c,
+                Err(e) => return fail(anyhow::anyhow!("cannot read the current directory: {e}")),
+            };
+            host.sessions.create(&cwd)
+        }
+    };
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => return fail(e.into()),
+    };
+    eprintln!("session: {}", session.id);
+    if args.approve {
+        host.approvals.answer_always(ApprovalOutcome::Approved);
+    } else if args.deny {
+        host.approvals.answer_always(ApprovalOutcome::Rejected);
+    } else if std::io::stdin().is_terminal() {
+        host.approvals
+            .set_default(Some(std::sync::Arc::new(ask_on_terminal)));
+    } else {
+        host.approvals.set_default(None);
+    }
+    let runtime = match Runtime::start(host) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let call = CallContext {
+        session,
+        call_id: format!("cli-{}", std::process::id()),
+    };
+    let outcome = runtime.call_tool(&args.tool, &call, &parsed);
+    runtime.shutdown();
+    match outcome {
+        Ok(result) => {
+            println!("{}", result.text);
+            if result.is_error {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => fail(e.into()),
+    }
+}
+
+/// Asks on the terminal: `y` approves, `n` rejects, end of input cancels.
+fn ask_on_terminal(request: &ApprovalRequest) -> ApprovalOutcome {
+    eprintln!(
+        "approval requested by tool `{}`: {}\n  justification: {}\napprove? [y/N] ",
+        request.tool, request.summary, request.justification
+    );
+    let mut line = String::new();
+    match std::io::stdin().read_line(&mut line) {
+        Ok(0) | Err(_) => ApprovalOutcome::Cancelled,
+        Ok(_) if matches!(line.trim(), "y" | "Y" | "yes") => ApprovalOutcome::Approved,
+        Ok(_) => ApprovalOutcome::Rejected,
+    }
+}
+
+fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        SessionCommand::New { cwd } => {
+            let cwd = match cwd {
+                Some(c) => c,
+                None => std::env::current_dir().context("cannot read the current directory")?,
+            };
+            let info = host.sessions.create(&cwd)?;
+            println!("{}", info.id);
+        }
+        SessionCommand::List => {
+            for id in host.sessions.list() {
+                println!("{id}");
+            }
+        }
+        SessionCommand::Show { id } => {
+            let info = host.sessions.get(&id)?;
+            let events = host.sessions.events(&id, None)?;
+            println!("session: {}\ncwd: {}", info.id, info.cwd.display());
+            let runtime = Runtime::start(host)?;
+            match runtime.call_service(
+                SANDBOX_POLICY,
+                "resolve",
+                &serde_json::json!({ "session": id, "mode": null }),
+            ) {
+                Ok(policy) => println!(
+                    "sandbox policy: {} (workspace root {})",
+                    policy["mode"].as_str().unwrap_or("?"),
+                    policy["workspaceRoot"].as_str().unwrap_or("?")
+                ),
+                Err(e) => println!("sandbox policy: unavailable: {e:#}"),
+            }
+            println!("events: {}", events.len());
+            for e in events {
+                println!("  #{} {} {}", e.seq, e.kind, e.data);
+            }
+            runtime.shutdown();
+        }
+        SessionCommand::SetMode { id, mode } => {
+            host.sessions.get(&id)?;
+            let runtime = Runtime::start(host)?;
+            let outcome = runtime.call_service(
+                SANDBOX_POLICY,
+                "set_sandbox_mode",
+                &serde_json::json!({ "session": id, "mode": mode }),
+            );
+            runtime.shutdown();
+            outcome.with_context(|| format!("failed to set the mode of session {id}"))?;
+            println!("session {id}: mode {mode}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

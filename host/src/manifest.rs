@@ -400,7 +400,14 @@ fn collect_entries(
             None => serde_json::json!({}),
             Some(n) => match &n.value {
                 Value::Null => serde_json::json!({}),
-                Value::Map(_) => n.to_json(),
+                Value::Map(_) => match config_json(n) {
+                    Ok(v) => v,
+                    Err(mut d) => {
+                        diags.append(&mut d);
+                        ok = false;
+                        serde_json::json!({})
+                    }
+                },
                 _ => {
                     diags.push(
                         Diagnostic::new(
@@ -428,6 +435,110 @@ fn collect_entries(
             pos: item.pos,
         });
     }
+}
+
+/// A config node as JSON, with `${VAR}` / `${VAR:-default}` interpolated in string values
+/// (`$$` is a literal `$`). Every unset variable without a default is reported.
+fn config_json(node: &Node) -> Result<serde_json::Value, Vec<Diagnostic>> {
+    use serde_json::Value as J;
+    let mut diags = Vec::new();
+    let value = match &node.value {
+        Value::Str(s) => match interpolate(s, node.pos) {
+            Ok(text) => J::String(text),
+            Err(d) => {
+                diags.push(d);
+                J::Null
+            }
+        },
+        Value::Seq(items) => J::Array(
+            items
+                .iter()
+                .map(|i| {
+                    config_json(i).unwrap_or_else(|mut d| {
+                        diags.append(&mut d);
+                        J::Null
+                    })
+                })
+                .collect(),
+        ),
+        Value::Map(pairs) => J::Object(
+            pairs
+                .iter()
+                .map(|(k, v)| {
+                    let v = config_json(v).unwrap_or_else(|mut d| {
+                        diags.append(&mut d);
+                        J::Null
+                    });
+                    (k.key_text(), v)
+                })
+                .collect(),
+        ),
+        _ => node.to_json(),
+    };
+    if diags.is_empty() {
+        Ok(value)
+    } else {
+        Err(diags)
+    }
+}
+
+/// Expands `${VAR}`, `${VAR:-default}` and `$$` in one string value.
+pub fn interpolate(text: &str, pos: Pos) -> Result<String, Diagnostic> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let Some(end) = body.find('}') else {
+                return Err(Diagnostic::new(
+                    "interpolation",
+                    format!("unterminated `${{` in {text:?}"),
+                )
+                .at(pos)
+                .help("close it with `}`, or write `$$` for a literal `$`"));
+            };
+            let inner = &body[..end];
+            let (name, default) = match inner.split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (inner, None),
+            };
+            let valid = !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                return Err(Diagnostic::new(
+                    "interpolation",
+                    format!("`${{{inner}}}` does not name an environment variable"),
+                )
+                .at(pos)
+                .help("write `${NAME}` or `${NAME:-default}` (letters, digits, `_`), or `$$` for a literal `$`"));
+            }
+            match (std::env::var(name), default) {
+                (Ok(v), _) => out.push_str(&v),
+                (Err(_), Some(d)) => out.push_str(d),
+                (Err(_), None) => {
+                    return Err(Diagnostic::new(
+                        "interpolation",
+                        format!("environment variable `{name}` is not set"),
+                    )
+                    .at(pos)
+                    .help(format!(
+                        "set {name}, or give a default: `${{{name}:-value}}`"
+                    )))
+                }
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 fn check_ids(manifest: &Manifest, diags: &mut Vec<Diagnostic>) {
@@ -543,6 +654,31 @@ mod tests {
         check("name: a\n", &[("manifest-shape", 1, 1)]);
         check("- name: a\n   bad: [\n", &[("yaml-syntax", 2, 7)]);
         check("", &[]);
+    }
+
+    #[test]
+    fn interpolation() {
+        std::env::set_var("CORDIS_TEST_ROOT", "/srv/ws");
+        let at = Pos { line: 3, col: 5 };
+        let ok = |t: &str| interpolate(t, at).unwrap();
+        assert_eq!(ok("${CORDIS_TEST_ROOT}/x"), "/srv/ws/x");
+        assert_eq!(ok("${CORDIS_TEST_UNSET_VAR:-read-only}"), "read-only");
+        assert_eq!(ok("cost: $$5 and $x"), "cost: $5 and $x");
+        let err = interpolate("${CORDIS_TEST_UNSET_VAR}", at).unwrap_err();
+        assert_eq!((err.code, err.pos), ("interpolation", Some(at)));
+        assert!(
+            err.message.contains("CORDIS_TEST_UNSET_VAR"),
+            "{}",
+            err.message
+        );
+        assert!(interpolate("${1BAD}", at).is_err());
+        assert!(interpolate("${OPEN", at).is_err());
+        let m = parse("- name: a\n  config:\n    root: ${CORDIS_TEST_ROOT}\n").unwrap();
+        assert_eq!(m.entries[0].config["root"], "/srv/ws");
+        check(
+            "- name: a\n  config:\n    root: ${CORDIS_TEST_UNSET_VAR}\n",
+            &[("interpolation", 3, 11)],
+        );
     }
 
     #[test]

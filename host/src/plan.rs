@@ -54,17 +54,20 @@ pub struct Plan {
 
 /// Reads, parses and validates `file`; every problem found is returned at once.
 pub fn plan(file: &Path, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
-    let fail = |items| Diagnostics {
+    let text = std::fs::read_to_string(file).map_err(|e| Diagnostics {
         file: file.to_path_buf(),
-        items,
-    };
-    let text = std::fs::read_to_string(file).map_err(|e| {
-        fail(vec![Diagnostic::new(
+        source: None,
+        items: vec![Diagnostic::new(
             "manifest-unreadable",
             format!("cannot read {}: {e}", file.display()),
         )
-        .help("pass the manifest with `-c path/to/cordis.yml`")])
+        .help("pass the manifest with `-c path/to/cordis.yml`")],
     })?;
+    let fail = |items| Diagnostics {
+        file: file.to_path_buf(),
+        source: Some(text.clone()),
+        items,
+    };
     let manifest = manifest::parse(&text).map_err(fail)?;
     let base = file.parent().unwrap_or(Path::new("."));
     let mut diags = Vec::new();
@@ -223,6 +226,13 @@ fn load_entry(
         );
         return None;
     }
+    let schema_errors = crate::schema::validate_config(entry, &library.meta.config_schema);
+    if !schema_errors.is_empty() {
+        diags.extend(schema_errors);
+        return None;
+    }
+    // The schema cannot say everything (e.g. custom checks): the plugin's own deserializer
+    // has the last word, still before anything is applied.
     if let Err(e) = library.check_config(&entry.config.to_string()) {
         let pos = entry.config_node.as_ref().map_or(entry.pos, |n| n.pos);
         let mut d = Diagnostic::new(

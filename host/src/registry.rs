@@ -42,6 +42,33 @@ pub struct ToolSlot {
     pub handle: ToolBox,
     /// The entry that registered it.
     pub entry: String,
+    /// Keeps the tool's library loaded while a call holds a clone of this slot.
+    pub library: Arc<Library>,
+}
+
+impl ToolSlot {
+    /// Runs one call. A tool's own error becomes an error result naming its code.
+    pub fn call(&self, call: &CallContext, args: &serde_json::Value) -> ToolResult {
+        let context = serde_json::to_string(call).unwrap_or_default();
+        let args = args.to_string();
+        match self
+            .handle
+            .call(RStr::from(context.as_str()), RStr::from(args.as_str()))
+        {
+            RResult::ROk(out) => ToolResult {
+                is_error: out.is_error,
+                text: out.text.into(),
+            },
+            RResult::RErr(e) => {
+                let e = cordis_sdk::Error::from(e);
+                let mut text = format!("error: {} [{}]", e.message, e.code);
+                if let Some(h) = e.help {
+                    text.push_str(&format!("\nhelp: {h}"));
+                }
+                ToolResult::error(text)
+            }
+        }
+    }
 }
 
 /// A call named a tool nobody registered.
@@ -247,27 +274,7 @@ impl Registry {
             name: name.to_string(),
             known: self.tools.keys().cloned().collect(),
         })?;
-        let context = serde_json::to_string(call).unwrap_or_default();
-        let args = args.to_string();
-        Ok(
-            match slot
-                .handle
-                .call(RStr::from(context.as_str()), RStr::from(args.as_str()))
-            {
-                RResult::ROk(out) => ToolResult {
-                    is_error: out.is_error,
-                    text: out.text.into(),
-                },
-                RResult::RErr(e) => {
-                    let e = cordis_sdk::Error::from(e);
-                    let mut text = format!("error: {} [{}]", e.message, e.code);
-                    if let Some(h) = e.help {
-                        text.push_str(&format!("\nhelp: {h}"));
-                    }
-                    ToolResult::error(text)
-                }
-            },
-        )
+        Ok(slot.call(call, args))
     }
 
     /// The library behind an applied entry.
@@ -382,6 +389,7 @@ impl HostCtxObj for ApplyCtx<'_> {
                 decl,
                 handle: tool,
                 entry: self.planned.entry.id.clone(),
+                library: self.planned.library.clone(),
             },
         );
         self.tools.push(name);

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
+pub mod bench;
+
 pub use cordis_host::{plan::Plan, registry::Registry, Host};
 pub use cordis_sdk::{Interface, Service};
 

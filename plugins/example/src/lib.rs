@@ -43,7 +43,12 @@ impl Plugin for ExamplePlugin {
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
-        ctx.provide("greeter", GreeterClient::serve(Words { word: config.word.clone() }))?;
+        ctx.provide(
+            "greeter",
+            GreeterClient::serve(Words {
+                word: config.word.clone(),
+            }),
+        )?;
         let word = config.word;
         ctx.register_tool(
             Tool {

@@ -5,9 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use cordis_sdk::host::{EventQuery, NewEvent, Sessions, SessionsClient, SESSIONS};
+use cordis_sdk::host::{
+    EventQuery, ModelContext, ModelContextClient, NewEvent, Sessions, SessionsClient, SESSIONS,
+};
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
     EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
@@ -93,7 +95,7 @@ impl Policy {
     }
 }
 
-impl SandboxPolicy for Policy {
+impl SandboxPolicy for PolicyHandle {
     fn resolve(&self, args: ResolveArgs) -> Result<SandboxExecutionPolicy> {
         let Some(id) = args.session else {
             return Ok(SandboxExecutionPolicy {
@@ -182,6 +184,29 @@ impl SandboxPolicy for Policy {
     }
 }
 
+/// The registry name of the model-context contribution (the seeds' `sandbox:policy`).
+pub const POLICY_CONTEXT: &str = "sandbox:policy";
+
+/// The `sandbox:policy` contribution: the same text as `policy_text`, for front-ends.
+struct PolicyContext(PolicyHandle);
+
+impl ModelContext for PolicyContext {
+    fn context(&self, session: Option<String>) -> Result<String> {
+        self.0.policy_text(session)
+    }
+}
+
+/// One policy shared by the `sandboxPolicy` service and its context contribution.
+#[derive(Clone)]
+struct PolicyHandle(Arc<Policy>);
+
+impl std::ops::Deref for PolicyHandle {
+    type Target = Policy;
+    fn deref(&self) -> &Policy {
+        &self.0
+    }
+}
+
 /// The plugin.
 pub struct SandboxPolicyPlugin;
 
@@ -192,6 +217,7 @@ impl Plugin for SandboxPolicyPlugin {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("owns the sandbox policy: default mode, session switches, policy text")
             .provides::<SandboxPolicyClient>(SANDBOX_POLICY)
+            .provides::<ModelContextClient>(POLICY_CONTEXT)
             .injects::<SessionsClient>(SESSIONS)
     }
 
@@ -228,14 +254,16 @@ impl Plugin for SandboxPolicyPlugin {
             .with_help("set `workspaceRoot` to an existing directory"));
         }
         let default_mode = config.mode.unwrap_or(SandboxMode::ReadOnly);
+        let shared = PolicyHandle(Arc::new(Policy {
+            sessions,
+            default_mode,
+            workspace_root: workspace_root.clone(),
+            families: Mutex::new(Families::default()),
+        }));
+        ctx.provide(SANDBOX_POLICY, SandboxPolicyClient::serve(shared.clone()))?;
         ctx.provide(
-            SANDBOX_POLICY,
-            SandboxPolicyClient::serve(Policy {
-                sessions,
-                default_mode,
-                workspace_root: workspace_root.clone(),
-                families: Mutex::new(Families::default()),
-            }),
+            POLICY_CONTEXT,
+            ModelContextClient::serve(PolicyContext(shared)),
         )?;
         tracing::info!(mode = %default_mode, root = %workspace_root.display(), "sandbox policy ready");
         Ok(SandboxPolicyPlugin)

@@ -52,7 +52,10 @@ impl SandboxMode {
 
     /// The modes strictly wider than this one (escalation targets).
     pub fn wider_modes(self) -> Vec<SandboxMode> {
-        SANDBOX_MODES.into_iter().filter(|m| m.is_wider_than(self)).collect()
+        SANDBOX_MODES
+            .into_iter()
+            .filter(|m| m.is_wider_than(self))
+            .collect()
     }
 }
 
@@ -241,7 +244,11 @@ pub fn effective_sandbox_mode(
 ) -> Result<Option<SandboxMode>, ForgedModeEvent> {
     let mut mode = None;
     for e in events.iter().filter(|e| e.kind == MODE_EVENT) {
-        let raw = e.data.get("mode").cloned().unwrap_or(serde_json::Value::Null);
+        let raw = e
+            .data
+            .get("mode")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null);
         let parsed = raw.as_str().and_then(|s| s.parse::<SandboxMode>().ok());
         match parsed {
             Some(m) => mode = Some(m),
@@ -488,8 +495,14 @@ mod tests {
         }
         assert!(SandboxMode::WorkspaceWrite.is_wider_than(SandboxMode::ReadOnly));
         assert!(!SandboxMode::ReadOnly.is_wider_than(SandboxMode::ReadOnly));
-        let err = "workspace_write".parse::<SandboxMode>().unwrap_err().to_string();
-        assert!(err.contains("read-only, workspace-write, danger-full-access"), "{err}");
+        let err = "workspace_write"
+            .parse::<SandboxMode>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("read-only, workspace-write, danger-full-access"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -500,7 +513,10 @@ mod tests {
             ev(2, "other", "x".into()),
             ev(3, MODE_EVENT, "read-only".into()),
         ];
-        assert_eq!(effective_sandbox_mode(&events), Ok(Some(SandboxMode::ReadOnly)));
+        assert_eq!(
+            effective_sandbox_mode(&events),
+            Ok(Some(SandboxMode::ReadOnly))
+        );
         let forged = [ev(1, MODE_EVENT, "root".into())];
         assert_eq!(effective_sandbox_mode(&forged).unwrap_err().seq, 1);
         let forged = [ev(4, MODE_EVENT, serde_json::json!(7))];
@@ -519,15 +535,29 @@ mod tests {
     fn escalation_params_pairing() {
         use serde_json::json;
         let check = |args: serde_json::Value, expected: Result<Option<SandboxMode>, ()>| {
-            let got = escalation_params(&args).map(|o| o.map(|p| p.mode)).map_err(|_| ());
+            let got = escalation_params(&args)
+                .map(|o| o.map(|p| p.mode))
+                .map_err(|_| ());
             assert_eq!(got, expected, "{args}");
         };
         check(json!({}), Ok(None));
-        check(json!({"sandbox_permissions": null, "justification": null}), Ok(None));
-        check(json!({"sandbox_permissions": "danger-full-access"}), Err(()));
+        check(
+            json!({"sandbox_permissions": null, "justification": null}),
+            Ok(None),
+        );
+        check(
+            json!({"sandbox_permissions": "danger-full-access"}),
+            Err(()),
+        );
         check(json!({"justification": "need it"}), Err(()));
-        check(json!({"sandbox_permissions": "god-mode", "justification": "x"}), Err(()));
-        check(json!({"sandbox_permissions": "danger-full-access", "justification": "  "}), Err(()));
+        check(
+            json!({"sandbox_permissions": "god-mode", "justification": "x"}),
+            Err(()),
+        );
+        check(
+            json!({"sandbox_permissions": "danger-full-access", "justification": "  "}),
+            Err(()),
+        );
         check(
             json!({"sandbox_permissions": "danger-full-access", "justification": "write the system config"}),
             Ok(Some(SandboxMode::DangerFullAccess)),
@@ -553,12 +583,30 @@ mod tests {
         };
         let yes = Fixed(ApproverDecision::Approved, Default::default());
         // Not wider: refused without asking.
-        let r = approve_escalation(Some(&yes), &ask(SandboxMode::WorkspaceWrite, SandboxMode::ReadOnly));
-        assert!(matches!(r, Escalation::Refused { reason: "not-wider", .. }));
+        let r = approve_escalation(
+            Some(&yes),
+            &ask(SandboxMode::WorkspaceWrite, SandboxMode::ReadOnly),
+        );
+        assert!(matches!(
+            r,
+            Escalation::Refused {
+                reason: "not-wider",
+                ..
+            }
+        ));
         assert_eq!(yes.1.get(), 0);
         // No approver: unavailable.
-        let r = approve_escalation(None, &ask(SandboxMode::ReadOnly, SandboxMode::WorkspaceWrite));
-        assert!(matches!(r, Escalation::Refused { reason: "unavailable", .. }));
+        let r = approve_escalation(
+            None,
+            &ask(SandboxMode::ReadOnly, SandboxMode::WorkspaceWrite),
+        );
+        assert!(matches!(
+            r,
+            Escalation::Refused {
+                reason: "unavailable",
+                ..
+            }
+        ));
         // Each answer.
         let cases = [
             (ApproverDecision::Approved, None),
@@ -568,7 +616,10 @@ mod tests {
         ];
         for (decision, refused) in cases {
             let a = Fixed(decision, Default::default());
-            let r = approve_escalation(Some(&a), &ask(SandboxMode::ReadOnly, SandboxMode::DangerFullAccess));
+            let r = approve_escalation(
+                Some(&a),
+                &ask(SandboxMode::ReadOnly, SandboxMode::DangerFullAccess),
+            );
             match (r, refused) {
                 (Escalation::Granted(m), None) => assert_eq!(m, SandboxMode::DangerFullAccess),
                 (Escalation::Refused { reason, text }, Some(expected)) => {

@@ -121,11 +121,16 @@ impl From<serde_json::Error> for Error {
 
 /// Turns a caught panic payload into an error naming where it happened.
 pub(crate) fn from_panic(what: &str, payload: Box<dyn std::any::Any + Send>) -> Error {
-    let detail = payload
+    let detail = panic_text(&*payload);
+    Error::new(codes::PANIC, format!("{what} panicked: {detail}"))
+        .with_help("this is a bug in the plugin; its panic was caught at the plugin boundary")
+}
+
+/// The message of a panic payload.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".to_string());
-    Error::new(codes::PANIC, format!("{what} panicked: {detail}"))
-        .with_help("this is a bug in the plugin; its panic was caught at the plugin boundary")
+        .unwrap_or_else(|| "a non-string panic payload".to_string())
 }

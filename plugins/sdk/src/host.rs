@@ -90,3 +90,16 @@ crate::interface! {
         fn request(&self, request: ApprovalRequest) -> ApprovalOutcome;
     }
 }
+
+/// The interface identity of model-context contributions (see [`ModelContext`]).
+pub const MODEL_CONTEXT_INTERFACE: &str = "cordis.context";
+
+crate::interface! {
+    /// A contribution to what the model is told about its situation. Front-ends collect every
+    /// service implementing this interface (whatever its registry name, conventionally the
+    /// contribution's key such as `sandbox:policy`) and show the non-empty texts to the model.
+    pub trait ModelContext as ModelContextClient ("cordis.context", 1) {
+        /// The text for a session (`None`: no session); empty when there is nothing to say.
+        fn context(&self, session: Option<String>) -> String;
+    }
+}

@@ -21,6 +21,18 @@ pub(crate) fn install(logger: LoggerBox) {
     INSTALL.call_once(|| {
         // Fails only if the plugin installed its own global subscriber: then it keeps it.
         let _ = tracing::subscriber::set_global_default(Bridge);
+        // This library has its own std, so its own panic hook: report panics through the
+        // host's log (the panic itself is caught at the boundary and becomes an error).
+        std::panic::set_hook(Box::new(|info| {
+            let at = info
+                .location()
+                .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            tracing::error!(
+                "plugin panicked{at}: {}",
+                crate::error::panic_text(info.payload())
+            );
+        }));
     });
 }
 

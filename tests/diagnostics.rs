@@ -1,0 +1,246 @@
+//! Operator diagnostics end to end: the rendered output of `cordis check` for broken
+//! manifests (snapshots, with line, column and caret), its JSON form, the generated
+//! `schemas/` against the bundled and known-bad manifests, and `cordis schema --check`.
+
+use cordis_e2e::Scratch;
+use expect_test::{expect, Expect};
+
+/// Runs `cordis check` on `manifest` and compares stderr with the snapshot.
+fn check(manifest: &str, expected: Expect) {
+    let s = Scratch::new();
+    s.manifest(manifest);
+    let run = s.run(&["check", "-c", "cordis.yml"]);
+    run.expect_code(1);
+    expected.assert_eq(&run.stderr());
+}
+
+#[test]
+fn unknown_config_key_with_suggestion() {
+    check(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRot: /srv\n",
+        expect![[r#"
+            error[unknown-config-key]: entry `dsh-sandbox-policy` (plugin `dsh-sandbox-policy`): unknown key `workspaceRot` in `config`
+              --> cordis.yml:4:5
+              |
+            4 |     workspaceRot: /srv
+              |     ^^^^^^^^^^^^
+              = help: did you mean `workspaceRoot`?
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn wrong_type() {
+    check(
+        "- name: cordis-example\n  config:\n    word: 42\n",
+        expect![[r#"
+            error[invalid-config]: entry `cordis-example` (plugin `cordis-example`): `config.word`: 42 is not of type "string"
+              --> cordis.yml:3:11
+              |
+            3 |     word: 42
+              |           ^^
+              = help: expected string; `word`: The greeting word.
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn invalid_mode_names_the_allowed_values() {
+    check(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace_write\n",
+        expect![[r#"
+            error[invalid-config]: entry `dsh-sandbox-policy` (plugin `dsh-sandbox-policy`): `config.mode` is "workspace_write", which is not an allowed value
+              --> cordis.yml:3:11
+              |
+            3 |     mode: workspace_write
+              |           ^^^^^^^^^^^^^^^
+              = help: expected one of: read-only, workspace-write, danger-full-access; did you mean `workspace-write`?; `mode`: String, one of `read-only`, `workspace-write`, `danger-full-access`; default `read-only` (fail-safe). The deployment default mode: used when a call carries no approved mode and its session has no `sandbox/mode` switch.
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn missing_required_field() {
+    check(
+        "- id: policy\n  config:\n    mode: read-only\n",
+        expect![[r#"
+            error[missing-name]: entry has no `name`
+              --> cordis.yml:1:3
+              |
+            1 | - id: policy
+              |   ^^
+              = help: add `name: <plugin>` naming the plugin to load
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn bad_interpolation() {
+    check(
+        "- name: dsh-sandbox-policy\n  config:\n    workspaceRoot: ${CORDIS_E2E_SURELY_UNSET}/ws\n",
+        expect![[r#"
+            error[interpolation]: environment variable `CORDIS_E2E_SURELY_UNSET` is not set
+              --> cordis.yml:3:20
+              |
+            3 |     workspaceRoot: ${CORDIS_E2E_SURELY_UNSET}/ws
+              |                    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+              = help: set CORDIS_E2E_SURELY_UNSET, or give a default: `${CORDIS_E2E_SURELY_UNSET:-value}`
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn yaml_syntax_error() {
+    check(
+        "- name: cordis-example\n  config: {word: [\n",
+        expect![[r#"
+            error[yaml-syntax]: YAML syntax error: while parsing a node, did not find expected node content
+              --> cordis.yml:3:1
+              = help: fix the YAML syntax at this position (check indentation and quoting)
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn interpolation_is_applied_and_every_violation_is_reported_as_json() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: cordis-example\n  config:\n    word: ${CORDIS_E2E_WORD:-hey}\n- name: dsh-sandbox-policy\n  config:\n    mode: root\n    extra: 1\n",
+    );
+    let run = s.run(&["check", "--format", "json"]);
+    run.expect_code(1);
+    let items: serde_json::Value = serde_json::from_str(&run.stdout()).expect("JSON");
+    let got: Vec<(String, u64, u64)> = items
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| {
+            (
+                i["code"].as_str().unwrap_or("").to_string(),
+                i["line"].as_u64().unwrap_or(0),
+                i["column"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("invalid-config".to_string(), 6, 11),
+            ("unknown-config-key".to_string(), 7, 5)
+        ],
+        "{}",
+        run.context()
+    );
+    assert!(items[0]["help"]
+        .as_str()
+        .unwrap_or("")
+        .contains("read-only, workspace-write, danger-full-access"));
+    assert_eq!(items[0]["file"], "cordis.yml");
+
+    s.manifest("- name: cordis-example\n  config:\n    word: ${CORDIS_E2E_WORD:-hey}\n");
+    s.run(&["call", "greet", r#"{"name": "Ada"}"#])
+        .expect_code(0)
+        .expect_output(&["hey, Ada"]);
+}
+
+fn validator() -> jsonschema::Validator {
+    let text =
+        std::fs::read_to_string(cordis_e2e::workspace_root().join("schemas/cordis.schema.json"))
+            .expect("schemas/cordis.schema.json exists (cargo xtask schema)");
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("schema JSON");
+    jsonschema::validator_for(&schema).expect("a valid JSON Schema")
+}
+
+fn yaml_to_json(text: &str) -> serde_json::Value {
+    cordis_host::manifest::parse_yaml(text)
+        .expect("YAML")
+        .to_json()
+}
+
+#[test]
+fn the_schema_accepts_the_bundled_manifest_and_rejects_known_bad_ones() {
+    let v = validator();
+    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
+        .expect("cordis.yml");
+    let errors: Vec<String> = v
+        .iter_errors(&yaml_to_json(&bundled))
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "bundled cordis.yml: {errors:?}");
+    let good = [
+        "- name: dsh-fs-local\n- group: true\n  config:\n    - name: '@deepseek-ai/dsh-tool-fs'\n      disabled: true\n",
+        "- name: my-own-plugin\n  path: libs/libmy.so\n  config:\n    anything: [1, 2]\n",
+    ];
+    for text in good {
+        assert!(v.is_valid(&yaml_to_json(text)), "should be valid:\n{text}");
+    }
+    let bad = [
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace_write\n",
+        "- name: '@deepseek-ai/dsh-sandbox-policy'\n  config:\n    workspaceRot: /x\n",
+        "- name: dsh-fs-sandbox\n  config:\n    cwd: /x\n",
+        "- name: cordis-example\n  confg: {}\n",
+        "- id: nameless\n",
+        "- name: cordis-example\n  disabled: yes\n",
+        "- group: true\n  config: {name: x}\n",
+        "name: not-a-list\n",
+    ];
+    for text in bad {
+        assert!(
+            !v.is_valid(&yaml_to_json(text)),
+            "should be rejected:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn schema_check_fails_when_stale_until_written() {
+    let s = Scratch::new();
+    let out = s.path().join("schemas");
+    std::fs::create_dir_all(&out).expect("dir");
+    for entry in std::fs::read_dir(cordis_e2e::workspace_root().join("schemas")).expect("schemas/")
+    {
+        let p = entry.expect("entry").path();
+        std::fs::copy(&p, out.join(p.file_name().expect("name"))).expect("copy");
+    }
+    let plugins = ["cordis-example", "dsh-sandbox-policy"];
+    let args = |mode: &str| {
+        let mut a = vec!["schema", mode, "--out", "schemas"];
+        a.extend(plugins);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let run = |mode: &str| {
+        let a = args(mode);
+        s.run(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    // The copied set holds schemas of other plugins too: stale for this plugin list.
+    run("--check")
+        .expect_code(1)
+        .expect_output(&["is stale", "cordis schema --write"]);
+    run("--write").expect_code(0);
+    run("--check").expect_code(0).expect_output(&["up to date"]);
+    // A config type change shows up as a different generated schema.
+    let file = out.join("cordis-example.schema.json");
+    let text = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(
+        &file,
+        text.replace("The greeting word.", "An older description."),
+    )
+    .expect("write");
+    run("--check")
+        .expect_code(1)
+        .expect_output(&["cordis-example.schema.json is stale"]);
+    run("--write").expect_code(0);
+    run("--check").expect_code(0);
+}

@@ -1,0 +1,109 @@
+"""Shared fixtures for the MCP server tests: spawn `cordis run` over stdio with the official client.
+
+The Rust test target `tests/mcp.rs` sets `CORDIS_BIN` (the built binary) and
+`CORDIS_OUTSIDE_DIR` (a directory outside every writable root) before running pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent
+
+DENIED = "[sandbox: file access denied under workspace-write mode]"
+
+POLICY = "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n"
+CONFINED = POLICY + "- name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-fs\n- name: dsh-tool-bash\n"
+EXAMPLE = "- name: cordis-example\n- name: fixture-faulty\n"
+
+# The two ways a client can connect: the 2026-07-28 per-request envelope (`server/discover`;
+# approvals travel as `input_required` round trips) and the `initialize` handshake
+# (approvals are `elicitation/create` requests during the call).
+MODES = ["auto", "legacy"]
+
+
+def required_env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"{name} is not set; run these tests through `cargo test -p cordis-e2e --test mcp`")
+    return value
+
+
+@dataclass
+class Workspace:
+    """A scratch directory: `cordis.yml`, `state/` for session logs, projects under it."""
+
+    root: Path
+
+    def manifest(self, yaml: str) -> Path:
+        path = self.root / "cordis.yml"
+        path.write_text(yaml)
+        return path
+
+    def project(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path.resolve()
+
+    @asynccontextmanager
+    async def connect(
+        self,
+        cwd: Path,
+        *,
+        mode: str = "auto",
+        elicitation: Callable[[Any, ElicitRequestParams], Awaitable[ElicitResult]] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> AsyncIterator[Client]:
+        env = dict(os.environ)
+        env["CORDIS_STATE_DIR"] = str(self.root / "state")
+        env.setdefault("RUST_LOG", "warn")
+        params = StdioServerParameters(
+            command=required_env("CORDIS_BIN"),
+            args=["run", "-c", str(self.root / "cordis.yml"), *(extra_args or [])],
+            env=env,
+            cwd=str(cwd),
+        )
+        async with Client(params, mode=mode, elicitation_callback=elicitation, read_timeout_seconds=60) as client:
+            yield client
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    (tmp_path / "state").mkdir()
+    return Workspace(tmp_path.resolve())
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A fresh directory outside every writable root (the scratch dirs are under a writable root)."""
+    base = Path(required_env("CORDIS_OUTSIDE_DIR"))
+    path = base / tmp_path.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def texts(result: CallToolResult) -> list[str]:
+    return [c.text for c in result.content if isinstance(c, TextContent)]
+
+
+def text(result: CallToolResult) -> str:
+    """The tool's own text (the first content item)."""
+    items = texts(result)
+    assert items, f"no text content in {result!r}"
+    return items[0]
+
+
+def show(result: CallToolResult) -> str:
+    return f"isError={result.is_error} content={texts(result)!r}"
+
+
+def eprint(*args: object) -> None:
+    print(*args, file=sys.stderr)
