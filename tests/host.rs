@@ -183,10 +183,10 @@ fn all_errors_are_reported_not_only_the_first() {
         &[
             "error[library-not-found]",
             "error[missing-service]",
-            "error[invalid-config]",
-            "unknown field `wrd`",
+            "error[unknown-config-key]",
+            "unknown key `wrd` in `config`",
             "cordis.yml:5:5",
-            "accepts config keys: word",
+            "did you mean `word`?",
             "(3 errors)",
         ],
     );
@@ -251,9 +251,12 @@ fn apply_failure_disposes_what_was_applied_and_exits_non_zero() {
 fn run_serves_until_sigterm_and_disposes_in_reverse_order() {
     let s = Scratch::new();
     s.manifest("- name: cordis-example\n- name: fixture-greeter-consumer\n");
+    // stdin stays open (the MCP client side), so only the signal ends the server.
     let mut child = cordis_e2e::KillOnDrop(
         s.cordis(&["run"])
             .env("RUST_LOG", "info")
+            .arg("--no-watch")
+            .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

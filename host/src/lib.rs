@@ -15,6 +15,7 @@ pub mod registry;
 pub mod runtime;
 pub mod schema;
 pub mod sessions;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +62,7 @@ impl Host {
                     spec::<SessionsClient>(SESSIONS),
                     spec::<ApprovalClient>(APPROVAL),
                 ],
+                copies: None,
             },
             sessions: Arc::new(SessionStore::new(state_dir)),
             approvals: Arc::new(ApprovalRouter::default()),

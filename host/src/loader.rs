@@ -123,12 +123,141 @@ pub struct Meta {
 
 /// A loaded plugin library. The `RawLibrary` stays open as long as this value lives.
 pub struct Library {
-    /// The file it was loaded from.
+    /// The file the manifest or the search path named.
     pub path: PathBuf,
+    /// A digest of the file's bytes when it was loaded (reloads compare it).
+    pub digest: u64,
+    /// The generation: a counter over every library this host loaded from a copy (0 when
+    /// loaded in place).
+    pub generation: u64,
     /// Its metadata.
     pub meta: Meta,
     module: PluginModRef,
-    _raw: RawLibrary,
+    raw: Option<RawLibrary>,
+    /// The private copy it was loaded from, removed when the library is unloaded.
+    copy: Option<PathBuf>,
+}
+
+/// Where libraries are copied before loading, so that every generation is a distinct file
+/// to the dynamic loader (a hard link or the same path would return the loaded one).
+#[derive(Debug)]
+pub struct Copies {
+    dir: PathBuf,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Copies {
+    /// Copies go to `dir` (created on demand).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Copies {
+            dir: dir.into(),
+            next: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
+
+    /// The directory copies live in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// A digest of a library file (reloads skip libraries whose bytes did not change).
+pub fn file_digest(path: &Path) -> std::io::Result<u64> {
+    Ok(digest(&std::fs::read(path)?))
+}
+
+fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(bytes);
+    h.finish()
+}
+
+impl Drop for Library {
+    fn drop(&mut self) {
+        drop(self.raw.take());
+        let Some(copy) = self.copy.take() else { return };
+        if still_loaded(&copy) {
+            static PINNED: std::sync::Once = std::sync::Once::new();
+            PINNED.call_once(|| {
+                tracing::warn!(
+                    "plugin `{}` generation {} stays in the process after unloading (it pins itself, e.g. with thread-local destructors); reloads keep working but its memory is not returned",
+                    self.meta.name,
+                    self.generation
+                )
+            });
+        } else {
+            tracing::debug!(plugin = %self.meta.name, generation = self.generation, "unloaded");
+        }
+        if let Err(e) = std::fs::remove_file(&copy) {
+            tracing::debug!("cannot remove {}: {e}", copy.display());
+        }
+    }
+}
+
+/// Refuses a file that is not a complete ELF shared object: the dynamic loader maps a
+/// truncated (half-written) library without complaint and the process dies later on a
+/// missing page, so every segment and the section table must lie within the file.
+fn check_complete(bytes: &[u8]) -> Result<(), String> {
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+    };
+    let u64_at = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+    };
+    if bytes.get(..4) != Some(b"\x7fELF") {
+        return Err("not an ELF file".into());
+    }
+    if bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    let len = bytes.len() as u64;
+    let incomplete =
+        || format!("the file is incomplete ({len} bytes; truncated or still being written)");
+    let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let (Some(phoff), Some(phentsize), Some(phnum), Some(shoff), Some(shentsize), Some(shnum)) =
+        (phoff, phentsize, phnum, shoff, shentsize, shnum)
+    else {
+        return Err(incomplete());
+    };
+    if shoff.saturating_add(shentsize.saturating_mul(shnum)) > len
+        || phoff.saturating_add(phentsize.saturating_mul(phnum)) > len
+    {
+        return Err(incomplete());
+    }
+    for i in 0..phnum {
+        let at = (phoff + i * phentsize) as usize;
+        let (Some(offset), Some(filesz)) = (u64_at(at + 8), u64_at(at + 32)) else {
+            return Err(incomplete());
+        };
+        if offset.saturating_add(filesz) > len {
+            return Err(incomplete());
+        }
+    }
+    Ok(())
+}
+
+/// Whether the dynamic loader still has `path` mapped (`RTLD_NOLOAD` probe).
+pub fn still_loaded(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: RTLD_NOLOAD never loads; a non-null handle is released again at once.
+    unsafe {
+        let handle = libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+        if handle.is_null() {
+            false
+        } else {
+            libc::dlclose(handle);
+            true
+        }
+    }
 }
 
 impl fmt::Debug for Library {
@@ -179,7 +308,55 @@ impl fmt::Display for LoadError {
 impl Library {
     /// Loads `path` and reads its metadata.
     pub fn load(path: &Path) -> Result<Arc<Library>, LoadError> {
-        let raw = RawLibrary::load_at(path).map_err(|e| match e {
+        Self::load_with(path, None)
+    }
+
+    /// Loads `path`, from a fresh private copy when `copies` is given.
+    pub fn load_with(path: &Path, copies: Option<&Copies>) -> Result<Arc<Library>, LoadError> {
+        let bytes = std::fs::read(path).map_err(|e| LoadError::Open(e.to_string()))?;
+        check_complete(&bytes).map_err(LoadError::Open)?;
+        let digest = digest(&bytes);
+        let (generation, copy) = match copies {
+            None => (0, None),
+            Some(c) => {
+                let generation = c.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::fs::create_dir_all(&c.dir).map_err(|e| {
+                    LoadError::Open(format!("cannot create {}: {e}", c.dir.display()))
+                })?;
+                let name = path
+                    .file_name()
+                    .map_or_else(|| "plugin".into(), |n| n.to_string_lossy().into_owned());
+                let copy = c.dir.join(format!("g{generation}-{name}"));
+                std::fs::write(&copy, &bytes).map_err(|e| {
+                    LoadError::Open(format!("cannot copy to {}: {e}", copy.display()))
+                })?;
+                (generation, Some(copy))
+            }
+        };
+        let load_from = copy.as_deref().unwrap_or(path);
+        let outcome = Self::load_file(path, load_from, digest, generation);
+        match (outcome, copy) {
+            (Ok(mut lib), copy) => {
+                if let Some(l) = Arc::get_mut(&mut lib) {
+                    l.copy = copy;
+                }
+                Ok(lib)
+            }
+            (Err(e), Some(copy)) => {
+                let _ = std::fs::remove_file(copy);
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    fn load_file(
+        path: &Path,
+        load_from: &Path,
+        digest: u64,
+        generation: u64,
+    ) -> Result<Arc<Library>, LoadError> {
+        let raw = RawLibrary::load_at(load_from).map_err(|e| match e {
             LibraryError::OpenError { err, .. } => LoadError::Open(err.to_string()),
             other => LoadError::Open(other.to_string()),
         })?;
@@ -224,9 +401,12 @@ impl Library {
         };
         Ok(Arc::new(Library {
             path: path.to_path_buf(),
+            digest,
+            generation,
             meta,
             module,
-            _raw: raw,
+            raw: Some(raw),
+            copy: None,
         }))
     }
 

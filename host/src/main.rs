@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use cordis_host::diag::Diagnostics;
+use cordis_host::loader::Copies;
+use cordis_host::mcp::{serve_stdio_with, McpOptions, ToolListNotifier};
 use cordis_host::plan::{Plan, Provider};
 use cordis_host::registry::Registry;
 use cordis_host::runtime::Runtime;
@@ -51,8 +53,9 @@ enum Command {
     },
     /// Generate `schemas/` (each plugin's config schema and the manifest schema).
     Schema(SchemaArgs),
-    /// Load the composition and serve until SIGINT/SIGTERM.
-    Run,
+    /// Load the composition and serve its tools over MCP on stdio until the client
+    /// disconnects or SIGINT/SIGTERM; reload changed plugins and cordis.yml while serving.
+    Run(RunArgs),
     /// Apply the composition and print the service registry.
     Services,
     /// Apply the composition and list the registered tools with their input schemas.
@@ -63,6 +66,19 @@ enum Command {
     /// Create, inspect and switch sessions.
     #[command(subcommand)]
     Session(SessionCommand),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Do not watch cordis.yml and the plugin libraries for changes.
+    #[arg(long)]
+    no_watch: bool,
+    /// Serve this existing session instead of a new one.
+    #[arg(long, conflicts_with = "cwd")]
+    session: Option<String>,
+    /// Root the new session here [default: the current directory].
+    #[arg(long)]
+    cwd: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -135,7 +151,7 @@ enum SessionCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Run => "info",
+        Command::Run(_) => "info",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -150,7 +166,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Check { format } => check(&host, format),
         Command::Schema(args) => schema(&host, args),
-        Command::Run => run(&host),
+        Command::Run(args) => run(host, &state_dir, args),
         Command::Services => services(&host),
         Command::Tools => tools(&host),
         Command::Call(args) => return call(host, args),
@@ -360,38 +376,76 @@ fn tools(host: &Host) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run(host: &Host) -> anyhow::Result<ExitCode> {
-    let (plan, mut registry) = host.start()?;
-    let plugins: Vec<String> = plan
-        .entries
-        .iter()
-        .map(|p| format!("{} ({})", p.entry.id, p.library.meta.version))
-        .collect();
-    tracing::info!(
-        "cordis {} running {}: plugins: {}; services: {}; tools: {}",
-        env!("CARGO_PKG_VERSION"),
-        plan.file.display(),
-        if plugins.is_empty() {
-            "-".to_string()
-        } else {
-            plugins.join(", ")
-        },
-        registry
-            .services
-            .keys()
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", "),
-        tool_names(&registry)
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let copies_dir = state_dir.join("run").join(std::process::id().to_string());
+    if !args.no_watch {
+        // Every generation loads from its own copy, so a rebuilt file is a new library.
+        host.options.copies = Some(std::sync::Arc::new(Copies::new(&copies_dir)));
+    }
+    let runtime = Runtime::start(host);
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&copies_dir);
+            return Err(e);
+        }
+    };
+    {
+        let c = runtime.composition();
+        let plugins: Vec<String> = c
+            .plan
+            .entries
+            .iter()
+            .map(|p| format!("{} ({})", p.entry.id, p.library.meta.version))
+            .collect();
+        tracing::info!(
+            "cordis {} running {}: plugins: {}; services: {}; tools: {}",
+            env!("CARGO_PKG_VERSION"),
+            c.plan.file.display(),
+            if plugins.is_empty() {
+                "-".to_string()
+            } else {
+                plugins.join(", ")
+            },
+            c.registry
+                .services
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            tool_names(&c.registry)
+        );
+    }
+    let notifier = ToolListNotifier::default();
+    {
+        let notifier = notifier.clone();
+        runtime.on_tools_changed(move || notifier.notify_tools_changed());
+    }
+    if !args.no_watch {
+        cordis_host::watch::spawn(runtime.clone()).context("failed to watch for changes")?;
+    }
+    let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("failed to start the async runtime")?;
-    let signal = runtime.block_on(wait_for_shutdown())?;
-    tracing::info!("received {signal}; disposing");
-    registry.dispose_all();
-    Ok(ExitCode::SUCCESS)
+    let options = McpOptions {
+        session: args.session,
+        cwd: args.cwd,
+    };
+    let ended = tokio.block_on(async {
+        tokio::select! {
+            served = serve_stdio_with(runtime.clone(), options, notifier) => served.map(|()| "the client disconnected"),
+            signal = wait_for_shutdown() => signal,
+        }
+    });
+    match &ended {
+        Ok(why) => tracing::info!("{why}; disposing"),
+        Err(e) => tracing::error!("{e:#}; disposing"),
+    }
+    runtime.shutdown();
+    drop(tokio);
+    let _ = std::fs::remove_dir_all(&copies_dir);
+    ended.map(|_| ExitCode::SUCCESS)
 }
 
 async fn wait_for_shutdown() -> anyhow::Result<&'static str> {
@@ -399,8 +453,8 @@ async fn wait_for_shutdown() -> anyhow::Result<&'static str> {
     let mut term = signal(SignalKind::terminate()).context("failed to watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("failed to watch SIGINT")?;
     Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "received SIGTERM",
+        _ = int.recv() => "received SIGINT",
     })
 }
 

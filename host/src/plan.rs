@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::diag::{Diagnostic, Diagnostics};
-use crate::loader::{Library, LoadError, SearchPath, ServiceSpec};
+use crate::loader::{file_digest, Copies, Library, LoadError, SearchPath, ServiceSpec};
 use crate::manifest::{self, Entry};
 
 /// Options for planning.
@@ -19,6 +19,9 @@ pub struct PlanOptions {
     pub verbose: bool,
     /// Services the host provides itself.
     pub host_services: Vec<ServiceSpec>,
+    /// Load every library from a private copy (needed to load a new generation of a file
+    /// that is already loaded).
+    pub copies: Option<Arc<Copies>>,
 }
 
 /// An entry ready to apply.
@@ -54,6 +57,16 @@ pub struct Plan {
 
 /// Reads, parses and validates `file`; every problem found is returned at once.
 pub fn plan(file: &Path, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
+    plan_with(file, opts, &[])
+}
+
+/// Like [`plan`], reusing each library of `loaded` whose file has not changed (same path,
+/// same bytes) instead of loading it again.
+pub fn plan_with(
+    file: &Path,
+    opts: &PlanOptions,
+    loaded: &[Arc<Library>],
+) -> Result<Plan, Diagnostics> {
     let text = std::fs::read_to_string(file).map_err(|e| Diagnostics {
         file: file.to_path_buf(),
         source: None,
@@ -73,6 +86,12 @@ pub fn plan(file: &Path, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
     let mut diags = Vec::new();
 
     let mut libraries: HashMap<PathBuf, Arc<Library>> = HashMap::new();
+    for lib in loaded {
+        if file_digest(&lib.path).ok() == Some(lib.digest) {
+            let key = lib.path.canonicalize().unwrap_or_else(|_| lib.path.clone());
+            libraries.insert(key, lib.clone());
+        }
+    }
     let mut planned = Vec::new();
     for entry in manifest.enabled() {
         if let Some(p) = load_entry(entry, base, opts, &mut libraries, &mut diags) {
@@ -176,7 +195,7 @@ fn load_entry(
     let key = path.canonicalize().unwrap_or_else(|_| path.clone());
     let library = match libraries.get(&key) {
         Some(lib) => lib.clone(),
-        None => match Library::load(&path) {
+        None => match Library::load_with(&path, opts.copies.as_deref()) {
             Ok(lib) => {
                 libraries.insert(key, lib.clone());
                 lib

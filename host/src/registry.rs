@@ -42,8 +42,6 @@ pub struct ToolSlot {
     pub handle: ToolBox,
     /// The entry that registered it.
     pub entry: String,
-    /// Keeps the tool's library loaded while a call holds a clone of this slot.
-    pub library: Arc<Library>,
 }
 
 impl ToolSlot {
@@ -177,7 +175,9 @@ impl Registry {
         Ok(())
     }
 
-    fn apply_entry(&mut self, planned: &Planned) -> Result<(), ApplyError> {
+    /// Applies one entry (its providers must be applied already). On failure nothing of
+    /// the entry stays registered.
+    pub fn apply_entry(&mut self, planned: &Planned) -> Result<(), ApplyError> {
         let entry = &planned.entry;
         let meta = &planned.library.meta;
         let fail = |error: cordis_sdk::Error| ApplyError {
@@ -240,20 +240,61 @@ impl Registry {
 
     /// Disposes every applied entry in reverse order of application.
     pub fn dispose_all(&mut self) {
-        while let Some(mut applied) = self.applied.pop() {
-            self.services
-                .retain(|_, s| s.provider != Provider::Entry(applied.id.clone()));
-            self.tools.retain(|_, t| t.entry != applied.id);
-            for s in self.services.values_mut() {
-                s.consumers.retain(|c| c != &applied.id);
+        while let Some(applied) = self.applied.pop() {
+            self.dispose_applied(applied);
+        }
+    }
+
+    /// Disposes one applied entry (its consumers must be disposed already). Returns whether
+    /// it was applied.
+    pub fn dispose_entry(&mut self, id: &str) -> bool {
+        match self.applied.iter().position(|a| a.id == id) {
+            Some(i) => {
+                let applied = self.applied.remove(i);
+                self.dispose_applied(applied);
+                true
             }
-            self.missing_optional.retain(|(e, _)| e != &applied.id);
-            if let Some(mut instance) = applied.instance.take() {
-                if let RResult::RErr(e) = instance.dispose() {
-                    tracing::error!(entry = %applied.id, "dispose failed: {} [{}]", e.message, e.code);
-                }
+            None => false,
+        }
+    }
+
+    fn dispose_applied(&mut self, mut applied: Applied) {
+        self.services
+            .retain(|_, s| s.provider != Provider::Entry(applied.id.clone()));
+        self.tools.retain(|_, t| t.entry != applied.id);
+        for s in self.services.values_mut() {
+            s.consumers.retain(|c| c != &applied.id);
+        }
+        self.missing_optional.retain(|(e, _)| e != &applied.id);
+        if let Some(mut instance) = applied.instance.take() {
+            if let RResult::RErr(e) = instance.dispose() {
+                tracing::error!(entry = %applied.id, "dispose failed: {} [{}]", e.message, e.code);
             }
-            tracing::debug!(entry = %applied.id, "disposed");
+        }
+        tracing::debug!(entry = %applied.id, "disposed");
+    }
+
+    /// Offers an applied entry a new config in place. `Ok(true)`: taken in place;
+    /// `Ok(false)`: the plugin asks for a restart.
+    pub fn reconfigure(
+        &mut self,
+        id: &str,
+        config: &serde_json::Value,
+    ) -> Result<bool, cordis_sdk::Error> {
+        let Some(applied) = self.applied.iter_mut().find(|a| a.id == id) else {
+            return Ok(false);
+        };
+        let Some(instance) = applied.instance.as_mut() else {
+            return Ok(false);
+        };
+        let text = config.to_string();
+        match instance.reconfigure(RStr::from(text.as_str())) {
+            RResult::ROk(cordis_sdk::Reconfigured::Applied) => {
+                applied.planned.entry.config = config.clone();
+                Ok(true)
+            }
+            RResult::ROk(cordis_sdk::Reconfigured::Restart) => Ok(false),
+            RResult::RErr(e) => Err(e.into()),
         }
     }
 
@@ -389,7 +430,6 @@ impl HostCtxObj for ApplyCtx<'_> {
                 decl,
                 handle: tool,
                 entry: self.planned.entry.id.clone(),
-                library: self.planned.library.clone(),
             },
         );
         self.tools.push(name);

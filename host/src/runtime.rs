@@ -1,16 +1,22 @@
 //! A running composition as the front-ends see it: the tool list, tool calls in a session,
-//! and the model context for a session. Calls take a snapshot of the tool under a short
-//! lock and run without it, so concurrent calls never wait for each other; the snapshot
-//! keeps the tool's library loaded until the call returns.
+//! the model context for a session, and transactional reloads. Calls take a snapshot of the
+//! tool and of the current generation's libraries under a short lock and run without it,
+//! so concurrent calls never wait for each other, a call that is in flight during a reload
+//! finishes on the generation it started on, and calls that arrive during a reload wait for
+//! the swap and then go to the new generation.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use abi_stable::std_types::RStr;
 use cordis_sdk::host::{ModelContextClient, MODEL_CONTEXT_INTERFACE};
 use cordis_sdk::{CallContext, Service, ToolResult};
 
-use crate::plan::Plan;
-use crate::registry::{Registry, UnknownTool};
+use crate::diag::Diagnostics;
+use crate::loader::Library;
+use crate::plan::{Plan, Planned, Provider};
+use crate::registry::{ApplyError, Registry, UnknownTool};
 use crate::Host;
 
 /// A tool as a front-end lists it.
@@ -30,13 +36,108 @@ pub struct Composition {
     pub plan: Plan,
     /// Its services and tools.
     pub registry: Registry,
+    /// Every library of this generation; a call holds a clone until it returns.
+    libraries: Arc<Vec<Arc<Library>>>,
 }
+
+impl Composition {
+    fn new(plan: Plan, registry: Registry) -> Self {
+        let libraries = Arc::new(plan.entries.iter().map(|p| p.library.clone()).collect());
+        Composition {
+            plan,
+            registry,
+            libraries,
+        }
+    }
+}
+
+type Listener = Box<dyn Fn() + Send + Sync>;
 
 /// A host with its composition applied.
 pub struct Runtime {
     /// The host (sessions, approvals, options).
     pub host: Host,
     composition: Mutex<Composition>,
+    /// Held by a reload; `true` once the runtime was shut down (no reload after that).
+    reloading: Mutex<bool>,
+    tool_listeners: Mutex<Vec<Listener>>,
+}
+
+/// Something taken out of the composition (a tool, service handles) together with the
+/// generation it belongs to, so a call finishes on the generation it started on. Fields
+/// drop in order: the handles before the libraries that hold their code.
+struct Held<T> {
+    value: T,
+    _libraries: Arc<Vec<Arc<Library>>>,
+}
+
+/// What one reload did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Entries added.
+    pub added: Vec<String>,
+    /// Entries removed (or disabled).
+    pub removed: Vec<String>,
+    /// Entries whose new config was taken in place.
+    pub reconfigured: Vec<String>,
+    /// Entries restarted, with old and new library generation.
+    pub restarted: Vec<(String, u64, u64)>,
+    /// Whether the tool list changed.
+    pub tools_changed: bool,
+    /// How long it took, in milliseconds.
+    pub millis: u128,
+}
+
+impl ReloadReport {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.reconfigured.is_empty()
+            && self.restarted.is_empty()
+    }
+}
+
+impl std::fmt::Display for ReloadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        let restarted: Vec<String> = self
+            .restarted
+            .iter()
+            .map(|(id, old, new)| format!("{id} g{old}→g{new}"))
+            .collect();
+        write!(
+            f,
+            "reload: added {}; removed {}; reconfigured in place {}; restarted {}; {} ms",
+            list(&self.added),
+            list(&self.removed),
+            list(&self.reconfigured),
+            list(&restarted),
+            self.millis
+        )
+    }
+}
+
+/// Why a reload left the running composition as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new composition is invalid; nothing was touched.
+    #[error("the new composition is invalid; still running the previous one\n{0}")]
+    Invalid(Diagnostics),
+    /// An entry failed to apply; the affected entries were rolled back.
+    #[error("{error}; rolled back to the previous libraries and configs{}", if *.rolled_back { "" } else { " (the rollback itself failed: see the log)" })]
+    Apply {
+        /// The failure.
+        error: ApplyError,
+        /// Whether every affected entry was restored.
+        rolled_back: bool,
+    },
 }
 
 impl Runtime {
@@ -45,8 +146,158 @@ impl Runtime {
         let (plan, registry) = host.start()?;
         Ok(Arc::new(Runtime {
             host,
-            composition: Mutex::new(Composition { plan, registry }),
+            composition: Mutex::new(Composition::new(plan, registry)),
+            reloading: Mutex::new(false),
+            tool_listeners: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Calls `listener` after every reload that changed the tool list.
+    pub fn on_tools_changed(&self, listener: impl Fn() + Send + Sync + 'static) {
+        self.tool_listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(listener));
+    }
+
+    /// The manifest and library files this composition was built from (what to watch).
+    pub fn watched_files(&self) -> Vec<std::path::PathBuf> {
+        let c = self.composition();
+        let mut files = vec![self.host.manifest.clone()];
+        files.extend(c.plan.entries.iter().map(|p| p.library.path.clone()));
+        files
+    }
+
+    /// Re-plans the manifest and applies the difference transactionally: entries whose
+    /// library changed are restarted on the new library, config changes are offered in
+    /// place (restart when refused), added entries are applied, removed ones disposed, and
+    /// every entry that injects a restarted or removed provider is restarted after it.
+    /// An invalid composition or a failed apply leaves the previous one running.
+    pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        let shut_down = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        if *shut_down {
+            return Ok(ReloadReport::default());
+        }
+        let started = Instant::now();
+        let loaded: Vec<Arc<Library>> = self.composition().libraries.iter().cloned().collect();
+        let new_plan = crate::plan::plan_with(&self.host.manifest, &self.host.options, &loaded)
+            .map_err(ReloadError::Invalid)?;
+        drop(loaded);
+
+        let mut c = self.composition();
+        let old: HashMap<String, Planned> = c
+            .plan
+            .entries
+            .iter()
+            .map(|p| (p.entry.id.clone(), p.clone()))
+            .collect();
+        let new: HashMap<String, Planned> = new_plan
+            .entries
+            .iter()
+            .map(|p| (p.entry.id.clone(), p.clone()))
+            .collect();
+        let mut report = ReloadReport::default();
+        let mut restart: BTreeSet<String> = BTreeSet::new();
+        for (id, n) in &new {
+            match old.get(id) {
+                None => report.added.push(id.clone()),
+                Some(o) if !Arc::ptr_eq(&o.library, &n.library) => {
+                    restart.insert(id.clone());
+                }
+                Some(o) if o.entry.config != n.entry.config => {
+                    match c.registry.reconfigure(id, &n.entry.config) {
+                        Ok(true) => report.reconfigured.push(id.clone()),
+                        Ok(false) => {
+                            restart.insert(id.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!(entry = %id, "reconfigure failed ({e}); restarting it");
+                            restart.insert(id.clone());
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        report.removed = old
+            .keys()
+            .filter(|id| !new.contains_key(*id))
+            .cloned()
+            .collect();
+        let mut gone: BTreeSet<String> = restart.clone();
+        gone.extend(report.removed.iter().cloned());
+        let dependents = dependents_of(&c.plan, &gone)
+            .into_iter()
+            .chain(dependents_of(&new_plan, &gone))
+            .filter(|id| old.contains_key(id) && new.contains_key(id));
+        restart.extend(dependents.collect::<Vec<_>>());
+        report.added.sort();
+        report.removed.sort();
+        report.reconfigured.sort();
+
+        let to_dispose: Vec<String> = c
+            .plan
+            .entries
+            .iter()
+            .rev()
+            .map(|p| p.entry.id.clone())
+            .filter(|id| restart.contains(id) || report.removed.contains(id))
+            .collect();
+        let to_apply: Vec<&Planned> = new_plan
+            .entries
+            .iter()
+            .filter(|p| restart.contains(&p.entry.id) || report.added.contains(&p.entry.id))
+            .collect();
+        let tools_before: Vec<String> = c.registry.tools.keys().cloned().collect();
+        for id in &to_dispose {
+            c.registry.dispose_entry(id);
+        }
+        let mut applied: Vec<String> = Vec::new();
+        for p in &to_apply {
+            if let Err(error) = c.registry.apply_entry(p) {
+                for id in applied.iter().rev() {
+                    c.registry.dispose_entry(id);
+                }
+                let mut rolled_back = true;
+                for id in to_dispose.iter().rev() {
+                    if let Err(e) = c.registry.apply_entry(&old[id]) {
+                        tracing::error!("rollback of entry `{id}` failed: {e}");
+                        rolled_back = false;
+                    }
+                }
+                return Err(ReloadError::Apply { error, rolled_back });
+            }
+            applied.push(p.entry.id.clone());
+        }
+        report.restarted = restart
+            .iter()
+            .map(|id| {
+                (
+                    id.clone(),
+                    old[id].library.generation,
+                    new[id].library.generation,
+                )
+            })
+            .collect();
+        report.tools_changed = tools_before != c.registry.tools.keys().cloned().collect::<Vec<_>>();
+        *c = Composition {
+            libraries: Arc::new(new_plan.entries.iter().map(|p| p.library.clone()).collect()),
+            plan: new_plan,
+            registry: std::mem::take(&mut c.registry),
+        };
+        drop(c);
+        report.millis = started.elapsed().as_millis();
+        if report.tools_changed {
+            for listener in self
+                .tool_listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+            {
+                listener();
+            }
+        }
+        Ok(report)
     }
 
     /// The composition (held briefly: never across a tool call).
@@ -76,39 +327,48 @@ impl Runtime {
         call: &CallContext,
         args: &serde_json::Value,
     ) -> Result<ToolResult, UnknownTool> {
-        let slot = {
+        let call_on = {
             let c = self.composition();
-            c.registry
+            let slot = c
+                .registry
                 .tools
                 .get(name)
                 .cloned()
                 .ok_or_else(|| UnknownTool {
                     name: name.to_string(),
                     known: c.registry.tools.keys().cloned().collect(),
-                })?
+                })?;
+            Held {
+                value: slot,
+                _libraries: c.libraries.clone(),
+            }
         };
-        Ok(slot.call(call, args))
+        Ok(call_on.value.call(call, args))
     }
 
     /// The model context for a session: every non-empty contribution of a service that
     /// implements the model-context interface, in service-name order, one per paragraph.
     pub fn model_context(&self, session: Option<&str>) -> String {
-        let providers: Vec<(String, Service)> = {
+        let providers: Held<Vec<(String, Service)>> = {
             let c = self.composition();
-            c.registry
-                .services
-                .iter()
-                .filter(|(_, s)| s.spec.interface == MODEL_CONTEXT_INTERFACE)
-                .map(|(name, s)| (name.clone(), s.handle.clone()))
-                .filter_map(|(name, h)| {
-                    Service::checked::<ModelContextClient>(&name, h)
-                        .ok()
-                        .map(|c| (name, c.service().clone()))
-                })
-                .collect()
+            Held {
+                value: c
+                    .registry
+                    .services
+                    .iter()
+                    .filter(|(_, s)| s.spec.interface == MODEL_CONTEXT_INTERFACE)
+                    .map(|(name, s)| (name.clone(), s.handle.clone()))
+                    .filter_map(|(name, h)| {
+                        Service::checked::<ModelContextClient>(&name, h)
+                            .ok()
+                            .map(|c| (name, c.service().clone()))
+                    })
+                    .collect(),
+                _libraries: c.libraries.clone(),
+            }
         };
         let mut parts = Vec::new();
-        for (name, service) in providers {
+        for (name, service) in &providers.value {
             let arg = serde_json::to_string(&session).unwrap_or_else(|_| "null".into());
             match service.call_raw("context", &arg) {
                 Ok(raw) => match serde_json::from_str::<String>(&raw) {
@@ -122,8 +382,10 @@ impl Runtime {
         parts.join("\n\n")
     }
 
-    /// Disposes the composition (reverse order).
+    /// Disposes the composition (reverse order); no reload happens after this.
     pub fn shutdown(&self) {
+        let mut shut_down = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        *shut_down = true;
         self.composition().registry.dispose_all();
     }
 
@@ -137,18 +399,39 @@ impl Runtime {
     ) -> anyhow::Result<serde_json::Value> {
         let handle = {
             let c = self.composition();
-            c.registry
-                .services
-                .get(name)
-                .map(|s| s.handle.clone())
-                .ok_or_else(|| anyhow::anyhow!("no service `{name}` in this composition; add the plugin that provides it to cordis.yml"))?
+            Held {
+                value: c
+                    .registry
+                    .services
+                    .get(name)
+                    .map(|s| s.handle.clone())
+                    .ok_or_else(|| anyhow::anyhow!("no service `{name}` in this composition; add the plugin that provides it to cordis.yml"))?,
+                _libraries: c.libraries.clone(),
+            }
         };
         let out = abi_stable::std_types::RResult::into_result(cordis_sdk::abi::ServiceObj::call(
-            &handle,
+            &handle.value,
             RStr::from(method),
             RStr::from(args.to_string().as_str()),
         ))
         .map_err(|e| anyhow::anyhow!("{}", cordis_sdk::Error::from(e)))?;
         Ok(serde_json::from_str(&out)?)
     }
+}
+
+/// Every entry of `plan` that injects (transitively) a service provided by one of `ids`.
+fn dependents_of(plan: &Plan, ids: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = BTreeSet::new();
+    let mut frontier: Vec<String> = ids.iter().cloned().collect();
+    while let Some(provider) = frontier.pop() {
+        for p in &plan.entries {
+            let injects_it = p.library.meta.injects.iter().any(|inj| {
+                plan.providers.get(&inj.name) == Some(&Provider::Entry(provider.clone()))
+            });
+            if injects_it && !ids.contains(&p.entry.id) && out.insert(p.entry.id.clone()) {
+                frontier.push(p.entry.id.clone());
+            }
+        }
+    }
+    out
 }

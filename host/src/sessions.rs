@@ -48,7 +48,19 @@ enum Line {
 struct Log {
     info: SessionInfo,
     path: PathBuf,
-    events: Mutex<Vec<SessionEvent>>,
+    state: Mutex<LogState>,
+}
+
+/// What has been read of a log file so far. Another process (say `cordis session
+/// set-mode` while `cordis run` serves the session) may append; reads pick that up.
+#[derive(Default)]
+struct LogState {
+    header: Option<SessionInfo>,
+    events: Vec<SessionEvent>,
+    /// Bytes of complete lines consumed.
+    consumed: u64,
+    /// Complete lines consumed.
+    lines: usize,
 }
 
 /// The store of every session's log.
@@ -158,8 +170,13 @@ impl SessionStore {
             id,
             Arc::new(Log {
                 info: info.clone(),
+                state: Mutex::new(LogState {
+                    header: Some(info.clone()),
+                    events: Vec::new(),
+                    consumed: std::fs::metadata(&path).map_err(io(&path))?.len(),
+                    lines: 1,
+                }),
                 path,
-                events: Mutex::new(Vec::new()),
             }),
         );
         Ok(info)
@@ -205,8 +222,10 @@ impl SessionStore {
     /// Every event of a session, oldest first, optionally of one kind.
     pub fn events(&self, id: &str, kind: Option<&str>) -> Result<Vec<SessionEvent>, SessionError> {
         let log = self.log(id)?;
-        let events = log.events.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(events
+        let mut state = log.state.lock().unwrap_or_else(|e| e.into_inner());
+        read_more(&log.path, &mut state, false)?;
+        Ok(state
+            .events
             .iter()
             .filter(|e| kind.is_none_or(|k| e.kind == k))
             .cloned()
@@ -221,9 +240,10 @@ impl SessionStore {
         data: serde_json::Value,
     ) -> Result<u64, SessionError> {
         let log = self.log(id)?;
-        let mut events = log.events.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = log.state.lock().unwrap_or_else(|e| e.into_inner());
+        read_more(&log.path, &mut state, false)?;
         let event = SessionEvent {
-            seq: events.last().map_or(1, |e| e.seq + 1),
+            seq: state.events.last().map_or(1, |e| e.seq + 1),
             kind: kind.to_string(),
             data,
         };
@@ -232,9 +252,9 @@ impl SessionStore {
             .open(&log.path)
             .map_err(io(&log.path))?;
         write_line(&mut file, &Line::Event(event.clone())).map_err(io(&log.path))?;
-        let seq = event.seq;
-        events.push(event);
-        Ok(seq)
+        // Our own line is consumed by the next read like anyone else's.
+        read_more(&log.path, &mut state, false)?;
+        Ok(event.seq)
     }
 }
 
@@ -245,60 +265,12 @@ fn write_line(file: &mut File, line: &Line) -> std::io::Result<()> {
     file.sync_data()
 }
 
-/// Replays a log. A torn last line (a crash mid-append: no final newline and not JSON) is
-/// reported and cut off; any other corrupt line is an error naming file and line.
+/// Replays a log. A torn last line (a crash mid-append: no final newline) is reported and
+/// cut off; any other corrupt line is an error naming file and line.
 fn replay(path: &Path) -> Result<Log, SessionError> {
-    let file = File::open(path).map_err(io(path))?;
-    let mut reader = BufReader::new(file);
-    let mut header: Option<SessionInfo> = None;
-    let mut events = Vec::new();
-    let mut good_len: u64 = 0;
-    let mut line_no = 0;
-    let mut buf = String::new();
-    loop {
-        buf.clear();
-        let n = reader.read_line(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
-        if !buf.ends_with('\n') {
-            // Only the last line can lack its newline: an append that never returned.
-            tracing::warn!(
-                "{}:{line_no}: torn last line (an append was interrupted); it is dropped",
-                path.display()
-            );
-            let f = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(io(path))?;
-            f.set_len(good_len).map_err(io(path))?;
-            f.sync_all().map_err(io(path))?;
-            break;
-        }
-        match serde_json::from_str::<Line>(buf.trim_end()) {
-            Ok(Line::Header { id, cwd, .. }) if line_no == 1 => {
-                header = Some(SessionInfo { id, cwd })
-            }
-            Ok(Line::Event(e)) if line_no > 1 => events.push(e),
-            Ok(_) => {
-                return Err(SessionError::Corrupt {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    detail: "a header must be the first line and only the first".into(),
-                })
-            }
-            Err(e) => {
-                return Err(SessionError::Corrupt {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    detail: e.to_string(),
-                })
-            }
-        }
-        good_len += n as u64;
-    }
-    let info = header.ok_or_else(|| SessionError::Corrupt {
+    let mut state = LogState::default();
+    read_more(path, &mut state, true)?;
+    let info = state.header.clone().ok_or_else(|| SessionError::Corrupt {
         path: path.to_path_buf(),
         line: 1,
         detail: "missing header".into(),
@@ -306,8 +278,66 @@ fn replay(path: &Path) -> Result<Log, SessionError> {
     Ok(Log {
         info,
         path: path.to_path_buf(),
-        events: Mutex::new(events),
+        state: Mutex::new(state),
     })
+}
+
+/// Reads the complete lines appended since `state.consumed`. A last line without its
+/// newline is an append in progress (left for later) or, when `cut_torn_tail`, the remains
+/// of a crash (reported and cut off).
+fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(), SessionError> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = File::open(path).map_err(io(path))?;
+    if file.metadata().map_err(io(path))?.len() <= state.consumed {
+        return Ok(());
+    }
+    file.seek(SeekFrom::Start(state.consumed))
+        .map_err(io(path))?;
+    let mut reader = BufReader::new(file);
+    let mut buf = String::new();
+    loop {
+        buf.clear();
+        let n = reader.read_line(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if !buf.ends_with('\n') {
+            if cut_torn_tail {
+                tracing::warn!(
+                    "{}:{}: torn last line (an append was interrupted); it is dropped",
+                    path.display(),
+                    state.lines + 1
+                );
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(io(path))?;
+                f.set_len(state.consumed).map_err(io(path))?;
+                f.sync_all().map_err(io(path))?;
+            }
+            return Ok(());
+        }
+        let line = state.lines + 1;
+        let corrupt = |detail: String| SessionError::Corrupt {
+            path: path.to_path_buf(),
+            line,
+            detail,
+        };
+        match serde_json::from_str::<Line>(buf.trim_end()) {
+            Ok(Line::Header { id, cwd, .. }) if line == 1 => {
+                state.header = Some(SessionInfo { id, cwd })
+            }
+            Ok(Line::Event(e)) if line > 1 => state.events.push(e),
+            Ok(_) => {
+                return Err(corrupt(
+                    "a header must be the first line and only the first".into(),
+                ))
+            }
+            Err(e) => return Err(corrupt(e.to_string())),
+        }
+        state.lines = line;
+        state.consumed += n as u64;
+    }
 }
 
 fn to_sdk(e: SessionError) -> Error {
@@ -365,6 +395,9 @@ mod tests {
         drop(f);
 
         let reopened = SessionStore::new(state.path());
+        // Another process's store sees appends made after it opened the log.
+        let watcher = SessionStore::new(state.path());
+        assert_eq!(watcher.events(&info.id, None).unwrap().len(), 1);
         let events = reopened.events(&info.id, Some("sandbox/mode")).unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].data["mode"], "read-only");
@@ -376,6 +409,7 @@ mod tests {
         );
         let again = SessionStore::new(state.path());
         assert_eq!(again.events(&info.id, None).unwrap().len(), 2);
+        assert_eq!(watcher.events(&info.id, None).unwrap().len(), 2);
     }
 
     #[test]

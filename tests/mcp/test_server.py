@@ -312,3 +312,4 @@ async def test_random_argument_shapes_always_come_back_as_results(ws: Workspace)
         assert errors > 50, "the generator should mostly produce invalid arguments"
         ok = await client.call_tool("greet", {"name": "still here"})
         assert not ok.is_error and "still here" in text(ok), show(ok)
+

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 pub mod bench;
 
-pub use cordis_host::{plan::Plan, registry::Registry, Host};
+pub use cordis_host::{plan::Plan, registry::Registry, runtime::Runtime, Host};
 pub use cordis_sdk::{Interface, Service};
 
 /// The workspace root.
@@ -35,21 +35,70 @@ pub fn target_dir() -> PathBuf {
 pub fn build_workspace() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace_root())
-            .args(["build", "--workspace", "--lib", "--bins"]);
-        if target_dir().file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().expect("failed to run cargo build");
-        assert!(
-            out.status.success(),
-            "building the plugins failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        with_build_lock(|| cargo_build(&[]));
         target_dir()
     })
+}
+
+fn cargo_build(env: &[(&str, &str)]) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root())
+        .args(["build", "--workspace", "--lib", "--bins"])
+        .envs(env.iter().copied());
+    if target_dir().file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("failed to run cargo build");
+    assert!(
+        out.status.success(),
+        "building the plugins failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `f` holding an exclusive lock shared by every test process, so builds that change
+/// a library in the output directory never interleave with another test's build.
+pub fn with_build_lock<T>(f: impl FnOnce() -> T) -> T {
+    use std::os::fd::AsRawFd;
+    let path = target_dir().join(".cordis-e2e-build.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .expect("open the build lock");
+    // SAFETY: flock on a file descriptor this function owns; released when `file` drops.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "flock {}", path.display());
+    f()
+}
+
+/// The fixture plugin `fixture-reload` built by a real `cargo build` with
+/// `CORDIS_FIXTURE_GENERATION=generation` baked in (cached per generation).
+pub fn fixture_reload_build(generation: u32) -> PathBuf {
+    let cache = target_dir().join("fixture-builds");
+    let file = cordis_host::loader::library_file_name("fixture-reload");
+    let cached = cache.join(format!("g{generation}-{file}"));
+    with_build_lock(|| {
+        if !cached.is_file() {
+            cargo_build(&[("CORDIS_FIXTURE_GENERATION", &generation.to_string())]);
+            std::fs::create_dir_all(&cache).expect("fixture build cache");
+            let tmp = cache.join(format!(".{generation}.tmp"));
+            std::fs::copy(target_dir().join(&file), &tmp).expect("copy the build");
+            std::fs::rename(&tmp, &cached).expect("publish the build");
+            // Leave the output directory as every other test expects it.
+            cargo_build(&[]);
+        }
+    });
+    cached
+}
+
+/// Replaces `target` with a copy of `source` the way cargo does: write beside, then rename.
+pub fn replace_file(source: &Path, target: &Path) {
+    let tmp = target.with_extension("replacing");
+    std::fs::copy(source, &tmp).expect("copy");
+    std::fs::rename(&tmp, target).expect("rename into place");
 }
 
 /// The `cordis` binary.
@@ -150,6 +199,24 @@ impl Scratch {
             _plan: plan,
             registry,
         }
+    }
+}
+
+impl Scratch {
+    /// Starts `cordis.yml` as a reloadable [`Runtime`] (libraries loaded from private copies
+    /// under `state/run`), searching `plugins/` in this directory before the build output.
+    pub fn runtime(&self) -> std::sync::Arc<Runtime> {
+        build_workspace();
+        let mut host = Host::new(
+            &self.path().join("cordis.yml"),
+            &[self.path().join("plugins"), target_dir()],
+            &self.path().join("state"),
+            false,
+        );
+        host.options.copies = Some(std::sync::Arc::new(cordis_host::loader::Copies::new(
+            self.path().join("state/run"),
+        )));
+        Runtime::start(host).unwrap_or_else(|e| panic!("start failed: {e:#}"))
     }
 }
 
@@ -349,5 +416,118 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A minimal MCP client over a child's stdio (newline-delimited JSON-RPC), enough to drive
+/// `cordis run` from Rust tests: requests wait for their response; notifications are kept.
+pub struct McpStdio {
+    child: KillOnDrop,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    next_id: u64,
+    /// Notifications received so far (method names).
+    pub notifications: Vec<String>,
+}
+
+impl McpStdio {
+    /// Spawns `cmd` (a `cordis run`), initializes the connection.
+    pub fn start(mut cmd: Command) -> Self {
+        use std::io::BufRead;
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn cordis run");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut client = McpStdio {
+            child: KillOnDrop(child),
+            stdin: Some(stdin),
+            lines,
+            next_id: 0,
+            notifications: Vec::new(),
+        };
+        client.request(
+            "initialize",
+            serde_json::json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "cordis-e2e", "version": "0"}
+            }),
+        );
+        client.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        client
+    }
+
+    fn send(&mut self, message: &serde_json::Value) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("the connection is open");
+        writeln!(stdin, "{message}").expect("write to cordis run");
+        stdin.flush().expect("flush");
+    }
+
+    /// Sends a request and waits (up to 60 s) for its response's `result`.
+    pub fn request(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let left = deadline
+                .checked_duration_since(std::time::Instant::now())
+                .unwrap_or_else(|| panic!("no response to {method} within 60 s"));
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!("cordis run closed stdout or timed out during {method}")
+            });
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+                panic!("cordis run wrote a non-JSON line on stdout: {line}");
+            };
+            if msg.get("id") == Some(&serde_json::json!(id)) {
+                if let Some(err) = msg.get("error") {
+                    panic!("{method} failed: {err}");
+                }
+                return msg["result"].clone();
+            }
+            if let Some(m) = msg.get("method").and_then(|m| m.as_str()) {
+                self.notifications.push(m.to_string());
+            }
+        }
+    }
+
+    /// Calls a tool; returns (is_error, text).
+    pub fn call(&mut self, tool: &str, args: serde_json::Value) -> (bool, String) {
+        let r = self.request(
+            "tools/call",
+            serde_json::json!({"name": tool, "arguments": args}),
+        );
+        let text = r["content"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|i| i["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default();
+        (r["isError"].as_bool().unwrap_or(false), text)
+    }
+
+    /// Closes stdin (the client disconnects) and waits for the server to exit.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        self.child.0.wait().expect("wait for cordis run")
     }
 }

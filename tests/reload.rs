@@ -1,0 +1,432 @@
+//! Hot reload: rebuilt plugin libraries (real `cargo build`s of `fixture-reload` with a
+//! different behaviour baked in) and edited `cordis.yml` take effect in a running host,
+//! transactionally; bad changes leave the running composition serving.
+//! Most tests drive the real `Runtime` in-process; the last drives a real `cordis run`
+//! with its file watcher over MCP.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cordis_e2e::{fixture_reload_build, replace_file, McpStdio, Runtime, Scratch};
+use cordis_host::runtime::ReloadError;
+use cordis_sdk::{CallContext, SessionInfo};
+use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs};
+
+/// A scratch project whose `plugins/` holds build `generation` of `fixture-reload`.
+fn project(generation: u32, manifest: &str) -> (Scratch, PathBuf) {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+    let lib = s
+        .path()
+        .join("plugins")
+        .join(cordis_host::loader::library_file_name("fixture-reload"));
+    replace_file(&fixture_reload_build(generation), &lib);
+    s.manifest(manifest);
+    (s, lib)
+}
+
+fn call(rt: &Runtime, session: &SessionInfo, tool: &str) -> String {
+    call_with(rt, session, tool, serde_json::json!({}))
+}
+
+fn call_with(rt: &Runtime, session: &SessionInfo, tool: &str, args: serde_json::Value) -> String {
+    let r = rt
+        .call_tool(
+            tool,
+            &CallContext {
+                session: session.clone(),
+                call_id: "reload-test".into(),
+            },
+            &args,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!r.is_error, "{tool}: {}", r.text);
+    r.text
+}
+
+const THREE: &str = "- name: fixture-reload\n  config:\n    greeting: hi\n- name: fixture-reload-consumer\n- name: cordis-example\n";
+
+#[test]
+fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
+    let (s, lib) = project(1, THREE);
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+    assert_eq!(
+        call(&rt, &session, "reload-version"),
+        "build 1, greeting hi"
+    );
+
+    replace_file(&fixture_reload_build(2), &lib);
+    let report = rt.reload().expect("reload");
+    let restarted: Vec<&str> = report
+        .restarted
+        .iter()
+        .map(|(id, _, _)| id.as_str())
+        .collect();
+    assert_eq!(
+        restarted,
+        ["fixture-reload", "fixture-reload-consumer"],
+        "{report}"
+    );
+    let (_, old, new) = &report.restarted[0];
+    assert!(
+        new > old,
+        "the rebuilt library is a new generation: {report}"
+    );
+    assert!(
+        report.added.is_empty() && report.removed.is_empty(),
+        "{report}"
+    );
+    assert_eq!(
+        call(&rt, &session, "reload-version"),
+        "build 2, greeting hi"
+    );
+    assert_eq!(
+        call(&rt, &session, "consumer-view"),
+        "applied with [build 2, greeting hi], now [build 2, greeting hi]"
+    );
+    assert_eq!(
+        call_with(&rt, &session, "greet", serde_json::json!({"name": "Ada"})),
+        "hello, Ada",
+        "the untouched example plugin still answers"
+    );
+
+    // Same bytes again: nothing to do.
+    replace_file(&fixture_reload_build(2), &lib);
+    assert!(rt.reload().expect("reload").is_empty());
+    rt.shutdown();
+}
+
+#[test]
+fn config_edits_are_taken_in_place_or_by_restart() {
+    let manifest = |greeting: &str, in_place: bool| {
+        format!("- name: fixture-reload\n  config:\n    greeting: {greeting}\n    inPlace: {in_place}\n- name: fixture-reload-consumer\n")
+    };
+    let (s, _lib) = project(1, &manifest("a", true));
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+
+    s.manifest(&manifest("b", true));
+    let report = rt.reload().expect("reload");
+    assert_eq!(report.reconfigured, ["fixture-reload"], "{report}");
+    assert!(
+        report.restarted.is_empty(),
+        "in place means no restart: {report}"
+    );
+    assert_eq!(call(&rt, &session, "reload-version"), "build 1, greeting b");
+
+    s.manifest(&manifest("c", false));
+    let report = rt.reload().expect("reload");
+    let restarted: Vec<&str> = report
+        .restarted
+        .iter()
+        .map(|(id, _, _)| id.as_str())
+        .collect();
+    assert_eq!(
+        restarted,
+        ["fixture-reload", "fixture-reload-consumer"],
+        "{report}"
+    );
+    assert_eq!(call(&rt, &session, "reload-version"), "build 1, greeting c");
+    rt.shutdown();
+}
+
+#[test]
+fn disabling_disposes_an_entry_and_its_dependents_and_enabling_restores_them() {
+    let manifest = |disabled: bool| {
+        format!("- name: cordis-example\n- group: true\n  disabled: {disabled}\n  config:\n    - name: fixture-reload\n    - name: fixture-reload-consumer\n")
+    };
+    let (s, _lib) = project(1, &manifest(false));
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+
+    s.manifest(&manifest(true));
+    let report = rt.reload().expect("reload");
+    assert_eq!(
+        report.removed,
+        ["fixture-reload", "fixture-reload-consumer"],
+        "{report}"
+    );
+    let tools: Vec<String> = rt.tools().into_iter().map(|t| t.name).collect();
+    assert_eq!(tools, ["greet"]);
+    assert!(report.tools_changed);
+
+    s.manifest(&manifest(false));
+    let report = rt.reload().expect("reload");
+    assert_eq!(
+        report.added,
+        ["fixture-reload", "fixture-reload-consumer"],
+        "{report}"
+    );
+    assert_eq!(
+        call(&rt, &session, "consumer-view"),
+        "applied with [build 1, greeting ], now [build 1, greeting ]"
+    );
+    rt.shutdown();
+}
+
+#[test]
+fn bad_changes_keep_the_old_composition_serving_until_fixed() {
+    let (s, lib) = project(1, THREE);
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let serving = |why: &str| {
+        assert_eq!(
+            call(&rt, &session, "reload-version"),
+            "build 1, greeting hi",
+            "after {why}"
+        );
+        assert!(
+            call(&rt, &session, "consumer-view").contains("build 1"),
+            "after {why}"
+        );
+    };
+
+    s.manifest("- name: fixture-reload\n  config: [unclosed\n");
+    let err = rt.reload().expect_err("a syntax error");
+    assert!(
+        matches!(err, ReloadError::Invalid(_)) && err.to_string().contains("yaml-syntax"),
+        "{err}"
+    );
+    serving("a syntax error");
+
+    s.manifest("- name: fixture-reload-consumer\n- name: cordis-example\n");
+    let err = rt.reload().expect_err("a missing dependency");
+    assert!(
+        err.to_string().contains("requires service `reloadable`"),
+        "{err}"
+    );
+    serving("a missing dependency");
+
+    let whole = std::fs::read(fixture_reload_build(2)).expect("read build");
+    std::fs::write(&lib, &whole[..whole.len() / 2]).expect("truncate");
+    s.manifest(THREE);
+    let err = rt.reload().expect_err("a truncated library");
+    assert!(err.to_string().contains("library-invalid"), "{err}");
+    serving("a truncated library");
+
+    replace_file(&fixture_reload_build(1), &lib);
+    s.manifest("- name: fixture-reload\n  config:\n    greeting: hi\n    panic: true\n- name: fixture-reload-consumer\n- name: cordis-example\n");
+    let err = rt.reload().expect_err("a panic in apply");
+    match &err {
+        ReloadError::Apply { error, rolled_back } => {
+            assert!(*rolled_back, "{err}");
+            assert!(error.to_string().contains("panicked"), "{err}");
+        }
+        other => panic!("expected an apply failure, got {other}"),
+    }
+    serving("a panic in apply");
+
+    replace_file(&fixture_reload_build(2), &lib);
+    s.manifest(THREE);
+    rt.reload().expect("fixed");
+    assert_eq!(
+        call(&rt, &session, "reload-version"),
+        "build 2, greeting hi"
+    );
+    rt.shutdown();
+}
+
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// The bound stated for resident memory growth over 200 reloads.
+const RSS_GROWTH_BOUND_KIB: u64 = 64 * 1024;
+
+#[test]
+fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
+    let (s, lib) = project(1, THREE);
+    let builds = [fixture_reload_build(1), fixture_reload_build(2)];
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let callers: Vec<_> = ["reload-version", "consumer-view", "greet"]
+        .into_iter()
+        .map(|tool| {
+            let (rt, session, stop, calls) =
+                (rt.clone(), session.clone(), stop.clone(), calls.clone());
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = rt.call_tool(
+                        tool,
+                        &CallContext {
+                            session: session.clone(),
+                            call_id: "load".into(),
+                        },
+                        &serde_json::json!({"name": "load"}),
+                    );
+                    match r {
+                        Ok(r) if !r.is_error => {}
+                        Ok(r) => failures.push(r.text),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+                failures
+            })
+        })
+        .collect();
+    // Warm up (first reloads allocate caches that are not growth).
+    for i in 0..10 {
+        replace_file(&builds[i % 2], &lib);
+        rt.reload().expect("reload");
+    }
+    let before = resident_kib();
+    let started = Instant::now();
+    for i in 0..200 {
+        replace_file(&builds[i % 2], &lib);
+        let report = rt.reload().expect("reload");
+        assert_eq!(report.restarted.len(), 2, "{report}");
+    }
+    let elapsed = started.elapsed();
+    let after = resident_kib();
+    stop.store(true, Ordering::Relaxed);
+    let failures: Vec<String> = callers
+        .into_iter()
+        .flat_map(|c| c.join().expect("caller"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} failed calls, e.g. {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    let total = calls.load(Ordering::Relaxed);
+    assert!(total > 200, "the callers made only {total} calls");
+    let growth = after.saturating_sub(before);
+    println!(
+        "200 reloads in {elapsed:?} under {total} concurrent calls; resident {before} KiB -> {after} KiB (growth {growth} KiB, {} KiB per reload)",
+        growth / 200
+    );
+    assert!(
+        growth < RSS_GROWTH_BOUND_KIB,
+        "resident memory grew by {growth} KiB over 200 reloads (bound {RSS_GROWTH_BOUND_KIB} KiB)"
+    );
+    let copies = std::fs::read_dir(s.path().join("state/run"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(
+        copies <= 4,
+        "{copies} library copies left behind (old generations must be removed)"
+    );
+    rt.shutdown();
+}
+
+#[test]
+fn session_mode_switches_survive_a_reload_of_the_policy_owner() {
+    let manifest = |root_mode: &str| {
+        format!("- name: dsh-sandbox-policy\n  config:\n    mode: {root_mode}\n- name: fixture-reload\n")
+    };
+    let (s, _lib) = project(1, &manifest("read-only"));
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let policy = |rt: &Runtime| -> SandboxPolicyClient {
+        let c = rt.composition();
+        cordis_sdk::Service::checked(
+            "sandboxPolicy",
+            c.registry.services["sandboxPolicy"].handle.clone(),
+        )
+        .expect("policy client")
+    };
+    policy(&rt)
+        .set_sandbox_mode(SetModeArgs {
+            session: session.id.clone(),
+            mode: SandboxMode::DangerFullAccess,
+        })
+        .expect("set mode");
+
+    s.manifest(&manifest("workspace-write"));
+    let report = rt.reload().expect("reload");
+    assert!(
+        report
+            .restarted
+            .iter()
+            .any(|(id, _, _)| id == "dsh-sandbox-policy"),
+        "{report}"
+    );
+    let p = policy(&rt);
+    let resolved = p
+        .resolve(ResolveArgs {
+            session: Some(session.id.clone()),
+            mode: None,
+        })
+        .expect("resolve");
+    assert_eq!(
+        resolved.mode,
+        SandboxMode::DangerFullAccess,
+        "the session's switch is in its log"
+    );
+    assert_eq!(
+        p.default_mode(()).expect("default"),
+        SandboxMode::WorkspaceWrite,
+        "the new config is live"
+    );
+    drop(p);
+    rt.shutdown();
+}
+
+#[test]
+fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
+    let (s, lib) = project(1, "- name: fixture-reload\n  config:\n    greeting: hi\n");
+    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
+    cmd.env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped());
+    let mut mcp = McpStdio::start(cmd);
+    assert_eq!(
+        mcp.call("reload-version", serde_json::json!({})),
+        (false, "build 1, greeting hi".into())
+    );
+
+    replace_file(&fixture_reload_build(2), &lib);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (is_error, text) = mcp.call("reload-version", serde_json::json!({}));
+        assert!(!is_error, "a call failed during the reload: {text}");
+        if text == "build 2, greeting hi" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rebuilt plugin was not picked up: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    s.manifest("- name: fixture-reload\n  config:\n    greeting: hi\n- name: cordis-example\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tools = mcp.request("tools/list", serde_json::json!({}));
+        let names: Vec<&str> = tools["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        if names.contains(&"greet") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the manifest edit was not picked up: {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        mcp.notifications
+            .iter()
+            .any(|n| n == "notifications/tools/list_changed"),
+        "no tools/list_changed notification: {:?}",
+        mcp.notifications
+    );
+    assert!(mcp.finish().success());
+}
