@@ -13,6 +13,7 @@ pub mod mcp;
 pub mod plan;
 pub mod registry;
 pub mod runtime;
+pub mod scaffold;
 pub mod schema;
 pub mod sessions;
 pub mod watch;

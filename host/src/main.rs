@@ -66,6 +66,18 @@ enum Command {
     /// Create, inspect and switch sessions.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Scaffold a plugin crate (outside any workspace) that builds and loads as it is.
+    New {
+        /// The plugin's crate name: lowercase letters, digits and `-`, e.g. `my-plugin`.
+        name: String,
+        /// The crate directory to create (must not exist or be empty) [default: ./NAME].
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// The `cordis-sdk` crate directory to depend on [default: the SDK this cordis
+        /// was built from].
+        #[arg(long)]
+        sdk_path: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -171,6 +183,11 @@ fn main() -> ExitCode {
         Command::Tools => tools(&host),
         Command::Call(args) => return call(host, args),
         Command::Session(cmd) => session(host, cmd),
+        Command::New {
+            name,
+            path,
+            sdk_path,
+        } => new_plugin(name, path, sdk_path),
     };
     match outcome {
         Ok(code) => code,
@@ -390,32 +407,6 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
             return Err(e);
         }
     };
-    {
-        let c = runtime.composition();
-        let plugins: Vec<String> = c
-            .plan
-            .entries
-            .iter()
-            .map(|p| format!("{} ({})", p.entry.id, p.library.meta.version))
-            .collect();
-        tracing::info!(
-            "cordis {} running {}: plugins: {}; services: {}; tools: {}",
-            env!("CARGO_PKG_VERSION"),
-            c.plan.file.display(),
-            if plugins.is_empty() {
-                "-".to_string()
-            } else {
-                plugins.join(", ")
-            },
-            c.registry
-                .services
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
-            tool_names(&c.registry)
-        );
-    }
     let notifier = ToolListNotifier::default();
     {
         let notifier = notifier.clone();
@@ -433,9 +424,37 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         cwd: args.cwd,
     };
     let ended = tokio.block_on(async {
+        // Signals are handled from here on; only then is the host announced as running.
+        let shutdown = shutdown_signals()?;
+        {
+            let c = runtime.composition();
+            let plugins: Vec<String> = c
+                .plan
+                .entries
+                .iter()
+                .map(|p| format!("{} ({})", p.entry.id, p.library.meta.version))
+                .collect();
+            tracing::info!(
+                "cordis {} running {}: plugins: {}; services: {}; tools: {}",
+                env!("CARGO_PKG_VERSION"),
+                c.plan.file.display(),
+                if plugins.is_empty() {
+                    "-".to_string()
+                } else {
+                    plugins.join(", ")
+                },
+                c.registry
+                    .services
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                tool_names(&c.registry)
+            );
+        }
         tokio::select! {
             served = serve_stdio_with(runtime.clone(), options, notifier) => served.map(|()| "the client disconnected"),
-            signal = wait_for_shutdown() => signal,
+            signal = shutdown => Ok(signal),
         }
     });
     match &ended {
@@ -448,13 +467,16 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
     ended.map(|_| ExitCode::SUCCESS)
 }
 
-async fn wait_for_shutdown() -> anyhow::Result<&'static str> {
+/// Installs SIGTERM/SIGINT handlers now; the future resolves on the first signal.
+fn shutdown_signals() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("failed to watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("failed to watch SIGINT")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "received SIGTERM",
-        _ = int.recv() => "received SIGINT",
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => "received SIGTERM",
+            _ = int.recv() => "received SIGINT",
+        }
     })
 }
 
@@ -597,5 +619,34 @@ fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             println!("session {id}: mode {mode}");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn new_plugin(
+    name: String,
+    path: Option<PathBuf>,
+    sdk_path: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    use cordis_host::scaffold::{entry, scaffold, NewPlugin, BUILT_SDK_PATH};
+    let made = scaffold(&NewPlugin {
+        dir: path.unwrap_or_else(|| PathBuf::from(&name)),
+        sdk: sdk_path.unwrap_or_else(|| PathBuf::from(BUILT_SDK_PATH)),
+        target_dir: std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from),
+        name: name.clone(),
+    })
+    .with_context(|| format!("failed to create plugin `{name}`"))?;
+    let dir = made.dir.display();
+    println!(
+        "created plugin crate `{name}` in {dir}: {}",
+        made.files.join(", ")
+    );
+    println!(
+        "\nto compose it elsewhere, add this entry to that cordis.yml:\n\n{}",
+        entry(&name, &made.library.display().to_string())
+    );
+    println!(
+        "next:\n  cd {dir}\n  cargo build\n  cordis check\n  cordis call {} '{{\"name\": \"Ada\"}}'\n  cargo test",
+        made.tool
+    );
     Ok(ExitCode::SUCCESS)
 }

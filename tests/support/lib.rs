@@ -525,6 +525,11 @@ impl McpStdio {
         (r["isError"].as_bool().unwrap_or(false), text)
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
     /// Closes stdin (the client disconnects) and waits for the server to exit.
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
