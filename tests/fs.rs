@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordis_e2e::{target_dir, Host, Scratch, Started};
+use cordis_e2e::{target_dir, unique, Host, Outside, Scratch, Started};
 use cordis_sdk::Error;
 use dsh_fs_api::{codes, EditText, FileSystem, FsClient, WriteText};
 use dsh_sandbox::{
@@ -103,86 +103,6 @@ fn symlink(target: &Path, link: &Path) {
     });
 }
 
-fn unique() -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-// ---------------------------------------------------------------------------------------
-// The area outside every writable root
-
-/// A directory outside every writable root (beneath the cargo target dir, not the temp
-/// area), removed when dropped. Holds `victim.txt`.
-struct Outside {
-    dir: PathBuf,
-}
-
-const VICTIM: &str = "original outside content\n";
-
-impl Outside {
-    fn new() -> Self {
-        let dir = target_dir().join(format!("fence-outside-{}", unique()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the outside dir");
-        let dir = dir.canonicalize().expect("canonical outside dir");
-        let probe = SandboxExecutionPolicy {
-            mode: WorkspaceWrite,
-            workspace_root: PathBuf::from("/"),
-        };
-        let temp_roots: Vec<PathBuf> = writable_roots(&probe).into_iter().skip(1).collect();
-        assert!(
-            !temp_roots.iter().any(|r| dir.starts_with(r)),
-            "the cargo target dir {} lies inside a temp area {temp_roots:?}; these tests need an \
-             area outside every writable root, so build with a target dir outside the temp area",
-            dir.display()
-        );
-        std::fs::write(dir.join("victim.txt"), VICTIM).expect("write victim");
-        Outside { dir }
-    }
-
-    fn victim(&self) -> PathBuf {
-        self.dir.join("victim.txt")
-    }
-
-    /// Every object beneath the dir (symlinks not followed): kind and bytes.
-    fn snapshot(&self) -> BTreeMap<PathBuf, String> {
-        fn walk(dir: &Path, base: &Path, out: &mut BTreeMap<PathBuf, String>) {
-            let mut entries: Vec<_> = std::fs::read_dir(dir)
-                .expect("read outside dir")
-                .map(|e| e.expect("dir entry").path())
-                .collect();
-            entries.sort();
-            for p in entries {
-                let rel = p.strip_prefix(base).expect("beneath base").to_path_buf();
-                let meta = std::fs::symlink_metadata(&p).expect("lstat");
-                if meta.file_type().is_symlink() {
-                    let t = std::fs::read_link(&p).expect("readlink");
-                    out.insert(rel, format!("link -> {}", t.display()));
-                } else if meta.is_dir() {
-                    out.insert(rel, "dir".into());
-                    walk(&p, base, out);
-                } else {
-                    let bytes = std::fs::read(&p).expect("read");
-                    out.insert(rel, format!("file {:?}", String::from_utf8_lossy(&bytes)));
-                }
-            }
-        }
-        let mut out = BTreeMap::new();
-        walk(&self.dir, &self.dir, &mut out);
-        out
-    }
-}
-
-impl Drop for Outside {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // The containment matrix
 
@@ -259,7 +179,7 @@ fn check(fs: &FsClient, outside: &Outside, case: &str, root: &Path, path: &Path,
 #[test]
 fn workspace_write_containment_matrix() {
     let scratch = Scratch::new();
-    let out = Outside::new();
+    let out = Outside::new("fence");
     let ws = scratch.path().join("ws");
     std::fs::create_dir_all(ws.join("sub")).unwrap();
     std::fs::create_dir_all(out.dir.join("ws")).unwrap();
@@ -477,7 +397,7 @@ fn workspace_write_containment_matrix() {
 #[test]
 fn swapping_a_directory_for_a_symlink_never_escapes() {
     let scratch = Scratch::new();
-    let out = Outside::new();
+    let out = Outside::new("fence");
     let ws = scratch.path().join("ws");
     std::fs::create_dir_all(ws.join("d")).unwrap();
     symlink(&out.dir, &ws.join("d-link"));
@@ -609,7 +529,7 @@ fn read_only_denies_every_mutation_and_leaves_the_disk_untouched() {
 #[test]
 fn danger_full_access_writes_outside() {
     let scratch = Scratch::new();
-    let out = Outside::new();
+    let out = Outside::new("fence");
     let ws = scratch.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let started = fenced(&scratch, "read-only", &ws);
@@ -631,7 +551,7 @@ fn danger_full_access_writes_outside() {
 #[test]
 fn a_call_without_a_policy_is_fenced_by_the_deployment_default() {
     let scratch = Scratch::new();
-    let out = Outside::new();
+    let out = Outside::new("fence");
     let ws = scratch.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let started = fenced(&scratch, "workspace-write", &ws);
@@ -922,7 +842,7 @@ fn a_forged_mode_event_is_rejected() {
 #[test]
 fn two_sessions_share_one_set_of_services_each_confined_to_its_own_root() {
     let scratch = Scratch::new();
-    let out = Outside::new();
+    let out = Outside::new("fence");
     let (a, b) = (out.dir.join("a"), out.dir.join("b"));
     std::fs::create_dir_all(&a).unwrap();
     std::fs::create_dir_all(&b).unwrap();
@@ -1055,7 +975,7 @@ fn policy_text_is_empty_without_a_family_and_names_the_canonical_root() {
 #[test]
 fn the_fence_agrees_with_writable_roots() {
     let scratch = Scratch::new();
-    let out = Outside::new();
+    let out = Outside::new("fence");
     let ws = out.dir.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::create_dir_all(out.dir.join("ws-sibling")).unwrap();

@@ -104,7 +104,7 @@ fn interface_version_mismatch_between_provider_and_consumer() {
         1,
         &[
             "error[interface-mismatch]",
-            "entry `fixture-greeter-consumer` injects `greeter` as example.greeter v1, but entry `fixture-greeter-v2` provides it as example.greeter v2",
+            "entry `fixture-greeter-consumer` injects `greeter` as example.greeter v1, but entry `fixture-greeter-v2` provides it as example.greeter v2; interface versions must match exactly: rebuild one of them against the other's version of the seam crate",
             "cordis.yml:2:3",
         ],
     );

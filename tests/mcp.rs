@@ -36,7 +36,7 @@ fn python() -> PathBuf {
 fn mcp_client_tests_pass() {
     let python = python();
     let bin = cordis_e2e::cordis_bin();
-    let outside = cordis_e2e::target_dir().join("mcp-outside");
+    let outside = cordis_e2e::outside_base().join(format!("mcp-outside-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&outside);
     std::fs::create_dir_all(&outside).expect("create the outside dir");
     let dir = cordis_e2e::workspace_root().join("tests/mcp");
@@ -49,6 +49,7 @@ fn mcp_client_tests_pass() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run pytest");
+    let _ = std::fs::remove_dir_all(&outside);
     let report = format!(
         "--- pytest stdout ---\n{}\n--- pytest stderr ---\n{}",
         String::from_utf8_lossy(&out.stdout),

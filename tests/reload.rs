@@ -4,28 +4,14 @@
 //! Most tests drive the real `Runtime` in-process; the last drives a real `cordis run`
 //! with its file watcher over MCP.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordis_e2e::{fixture_reload_build, replace_file, McpStdio, Runtime, Scratch};
+use cordis_e2e::{fixture_reload_build, reload_project, replace_file, McpStdio, Runtime};
 use cordis_host::runtime::ReloadError;
 use cordis_sdk::{CallContext, SessionInfo};
 use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs};
-
-/// A scratch project whose `plugins/` holds build `generation` of `fixture-reload`.
-fn project(generation: u32, manifest: &str) -> (Scratch, PathBuf) {
-    let s = Scratch::new();
-    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
-    let lib = s
-        .path()
-        .join("plugins")
-        .join(cordis_host::loader::library_file_name("fixture-reload"));
-    replace_file(&fixture_reload_build(generation), &lib);
-    s.manifest(manifest);
-    (s, lib)
-}
 
 fn call(rt: &Runtime, session: &SessionInfo, tool: &str) -> String {
     call_with(rt, session, tool, serde_json::json!({}))
@@ -50,7 +36,7 @@ const THREE: &str = "- name: fixture-reload\n  config:\n    greeting: hi\n- name
 
 #[test]
 fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
-    let (s, lib) = project(1, THREE);
+    let (s, lib) = reload_project(1, THREE);
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
     assert_eq!(
@@ -104,7 +90,7 @@ fn config_edits_are_taken_in_place_or_by_restart() {
     let manifest = |greeting: &str, in_place: bool| {
         format!("- name: fixture-reload\n  config:\n    greeting: {greeting}\n    inPlace: {in_place}\n- name: fixture-reload-consumer\n")
     };
-    let (s, _lib) = project(1, &manifest("a", true));
+    let (s, _lib) = reload_project(1, &manifest("a", true));
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
 
@@ -138,7 +124,7 @@ fn disabling_disposes_an_entry_and_its_dependents_and_enabling_restores_them() {
     let manifest = |disabled: bool| {
         format!("- name: cordis-example\n- group: true\n  disabled: {disabled}\n  config:\n    - name: fixture-reload\n    - name: fixture-reload-consumer\n")
     };
-    let (s, _lib) = project(1, &manifest(false));
+    let (s, _lib) = reload_project(1, &manifest(false));
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
 
@@ -169,7 +155,7 @@ fn disabling_disposes_an_entry_and_its_dependents_and_enabling_restores_them() {
 
 #[test]
 fn bad_changes_keep_the_old_composition_serving_until_fixed() {
-    let (s, lib) = project(1, THREE);
+    let (s, lib) = reload_project(1, THREE);
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
     let serving = |why: &str| {
@@ -243,7 +229,7 @@ const RSS_GROWTH_BOUND_KIB: u64 = 64 * 1024;
 
 #[test]
 fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
-    let (s, lib) = project(1, THREE);
+    let (s, lib) = reload_project(1, THREE);
     let builds = [fixture_reload_build(1), fixture_reload_build(2)];
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
@@ -327,7 +313,7 @@ fn session_mode_switches_survive_a_reload_of_the_policy_owner() {
     let manifest = |root_mode: &str| {
         format!("- name: dsh-sandbox-policy\n  config:\n    mode: {root_mode}\n- name: fixture-reload\n")
     };
-    let (s, _lib) = project(1, &manifest("read-only"));
+    let (s, _lib) = reload_project(1, &manifest("read-only"));
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
     let policy = |rt: &Runtime| -> SandboxPolicyClient {
@@ -377,7 +363,7 @@ fn session_mode_switches_survive_a_reload_of_the_policy_owner() {
 
 #[test]
 fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
-    let (s, lib) = project(1, "- name: fixture-reload\n  config:\n    greeting: hi\n");
+    let (s, lib) = reload_project(1, "- name: fixture-reload\n  config:\n    greeting: hi\n");
     let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
     cmd.env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped());

@@ -35,7 +35,7 @@ impl Layout {
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
         );
-        let base = cordis_e2e::target_dir().join(format!("shell-outside-{tag}"));
+        let base = cordis_e2e::outside_base().join(format!("shell-outside-{tag}"));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(base.join("ws")).expect("create workspace");
         std::fs::create_dir_all(base.join("outside")).expect("create outside dir");

@@ -7,16 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cordis_e2e::{target_dir, Scratch, Started};
+use cordis_e2e::{unique, Outside, Scratch, Started, VICTIM};
 use cordis_host::registry::ToolSlot;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::{CallContext, SessionInfo, ToolResult};
 use dsh_sandbox::{
-    denial_marker, escalation_hint, texts, writable_roots, SandboxExecutionPolicy, SandboxMode,
-    SandboxPolicy, SandboxPolicyClient, SetModeArgs, SANDBOX_POLICY,
+    denial_marker, escalation_hint, texts, SandboxMode, SandboxPolicy, SandboxPolicyClient,
+    SetModeArgs, SANDBOX_POLICY,
 };
 use serde_json::{json, Value};
 
@@ -57,73 +56,6 @@ fn project(scratch: &Scratch, name: &str) -> PathBuf {
 
 fn policy_of(started: &Started) -> SandboxPolicyClient {
     started.service::<SandboxPolicyClient>(SANDBOX_POLICY)
-}
-
-fn unique() -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-// ---------------------------------------------------------------------------------------
-// The area outside every writable root
-
-const VICTIM: &str = "original outside content\n";
-
-/// A directory outside every writable root (beneath the cargo target dir, not the temp
-/// area) holding `victim.txt`; removed when dropped.
-struct Outside {
-    dir: PathBuf,
-}
-
-impl Outside {
-    fn new() -> Self {
-        let dir = target_dir().join(format!("tools-outside-{}", unique()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create the outside dir");
-        let dir = dir.canonicalize().expect("canonical outside dir");
-        let probe = SandboxExecutionPolicy {
-            mode: WorkspaceWrite,
-            workspace_root: PathBuf::from("/"),
-        };
-        let temp_roots: Vec<PathBuf> = writable_roots(&probe).into_iter().skip(1).collect();
-        assert!(
-            !temp_roots.iter().any(|r| dir.starts_with(r)),
-            "the cargo target dir {} lies inside a temp area {temp_roots:?}; these tests need an \
-             area outside every writable root, so build with a target dir outside the temp area",
-            dir.display()
-        );
-        std::fs::write(dir.join("victim.txt"), VICTIM).expect("write victim");
-        Outside { dir }
-    }
-
-    fn victim(&self) -> PathBuf {
-        self.dir.join("victim.txt")
-    }
-
-    fn victim_text(&self) -> String {
-        std::fs::read_to_string(self.victim()).expect("read victim")
-    }
-
-    /// Every file beneath the dir with its bytes.
-    fn snapshot(&self) -> BTreeMap<PathBuf, String> {
-        let mut out = BTreeMap::new();
-        for e in std::fs::read_dir(&self.dir).expect("read outside dir") {
-            let p = e.expect("dir entry").path();
-            let bytes = std::fs::read(&p).unwrap_or_default();
-            out.insert(p, String::from_utf8_lossy(&bytes).into_owned());
-        }
-        out
-    }
-}
-
-impl Drop for Outside {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -218,7 +150,7 @@ fn check(
 #[test]
 fn file_tools_work_inside_the_session_root() {
     let scratch = Scratch::new();
-    let outside = Outside::new();
+    let outside = Outside::new("tools");
     let started = compose(&scratch, WorkspaceWrite, &outside.dir, Backends::Confined);
     let proj = project(&scratch, "proj");
     let s = started.session(&proj);
@@ -429,7 +361,7 @@ fn file_tools_work_inside_the_session_root() {
 #[test]
 fn writes_outside_the_root_are_denied_with_the_marker() {
     let scratch = Scratch::new();
-    let outside = Outside::new();
+    let outside = Outside::new("tools");
     let started = compose(&scratch, WorkspaceWrite, &outside.dir, Backends::Confined);
     let s = started.session(&project(&scratch, "proj"));
     let victim = outside.victim().display().to_string();
@@ -526,7 +458,7 @@ fn escalating_call(tool: &str, outside: &Outside, mode: SandboxMode) -> Value {
 #[test]
 fn escalation_matrix_for_write_edit_and_bash() {
     let scratch = Scratch::new();
-    let outside = Outside::new();
+    let outside = Outside::new("tools");
     let started = compose(&scratch, WorkspaceWrite, &outside.dir, Backends::Confined);
     let proj = project(&scratch, "proj");
     let s = started.session(&proj);
@@ -637,7 +569,7 @@ fn escalation_matrix_for_write_edit_and_bash() {
 #[test]
 fn a_grant_keeps_the_session_root_and_lasts_one_call() {
     let scratch = Scratch::new();
-    let outside = Outside::new();
+    let outside = Outside::new("tools");
     // The configured fallback root is the outside dir; the session root is the project.
     let started = compose(&scratch, ReadOnly, &outside.dir, Backends::Confined);
     let proj = project(&scratch, "proj");
@@ -718,7 +650,7 @@ fn a_grant_keeps_the_session_root_and_lasts_one_call() {
 #[test]
 fn a_session_mode_switch_governs_both_families_of_that_session_only() {
     let scratch = Scratch::new();
-    let outside = Outside::new();
+    let outside = Outside::new("tools");
     let started = compose(&scratch, WorkspaceWrite, &outside.dir, Backends::Confined);
     let (pa, pb) = (project(&scratch, "a"), project(&scratch, "b"));
     let (a, b) = (started.session(&pa), started.session(&pb));
@@ -840,10 +772,10 @@ fn escalation_fields_follow_the_backend() {
 #[test]
 fn concurrent_sessions_each_write_only_their_own_project() {
     let scratch = Scratch::new();
-    let fallback = Outside::new();
+    let fallback = Outside::new("tools");
     let started = compose(&scratch, WorkspaceWrite, &fallback.dir, Backends::Confined);
     // Both projects lie outside the temp area, so each is outside the other's roots.
-    let projects = [Outside::new(), Outside::new()];
+    let projects = [Outside::new("tools"), Outside::new("tools")];
     let sessions: Vec<SessionInfo> = projects.iter().map(|p| started.session(&p.dir)).collect();
     const ROUNDS: usize = 6;
     let tools = Tools::of(&started);

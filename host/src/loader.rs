@@ -423,6 +423,15 @@ impl Library {
     }
 }
 
+/// The ABI version a cordis-sdk version speaks: its major, or for `0.x` its `0.minor`.
+fn abi_version(v: &abi_stable::sabi_types::VersionNumber) -> String {
+    if v.major == 0 {
+        format!("0.{}", v.minor)
+    } else {
+        v.major.to_string()
+    }
+}
+
 fn abi_error(e: LibraryError) -> LoadError {
     let full = e.to_string();
     let summary = match &e {
@@ -431,10 +440,11 @@ fn abi_error(e: LibraryError) -> LoadError {
             actual_version,
             ..
         } => format!(
-            "the library was built against cordis-sdk {actual_version}, this host speaks {expected_version}; rebuild the plugin against cordis-sdk {expected_version}"
+            "the plugin was built against cordis-sdk {actual_version} (ABI {}), this host against cordis-sdk {expected_version} (ABI {}); rebuild the plugin with its `cordis-sdk` dependency set to the host's SDK ({}), or run a cordis built with the plugin's SDK",
+            abi_version(actual_version), abi_version(expected_version), abi_version(expected_version)
         ),
         LibraryError::AbiInstability(_) => format!(
-            "the library's ABI types differ in layout from this host's (cordis-sdk {}); rebuild the plugin against the host's cordis-sdk",
+            "the plugin's ABI types differ in layout from this host's although its SDK version is accepted (this host: cordis-sdk {}); rebuild the plugin against exactly the host's cordis-sdk",
             env!("CARGO_PKG_VERSION")
         ),
         LibraryError::InvalidAbiHeader(_) => {

@@ -633,8 +633,7 @@ fn new_plugin(
         sdk: sdk_path.unwrap_or_else(|| PathBuf::from(BUILT_SDK_PATH)),
         target_dir: std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from),
         name: name.clone(),
-    })
-    .with_context(|| format!("failed to create plugin `{name}`"))?;
+    })?;
     let dir = made.dir.display();
     println!(
         "created plugin crate `{name}` in {dir}: {}",

@@ -412,7 +412,7 @@ fn check_injections(
                             Diagnostic::new(
                                 "interface-mismatch",
                                 format!(
-                                    "{} injects `{}` as {} v{}, but {who} provides it as {} v{}",
+                                    "{} injects `{}` as {} v{}, but {who} provides it as {} v{}; interface versions must match exactly: rebuild one of them against the other's version of the seam crate",
                                     describe(&p.entry),
                                     inj.name,
                                     inj.interface,

@@ -311,11 +311,15 @@ impl Registry {
         call: &CallContext,
         args: &serde_json::Value,
     ) -> Result<ToolResult, UnknownTool> {
-        let slot = self.tools.get(name).ok_or_else(|| UnknownTool {
+        Ok(self.tool(name)?.call(call, args))
+    }
+
+    /// The tool registered as `name`.
+    pub fn tool(&self, name: &str) -> Result<&ToolSlot, UnknownTool> {
+        self.tools.get(name).ok_or_else(|| UnknownTool {
             name: name.to_string(),
             known: self.tools.keys().cloned().collect(),
-        })?;
-        Ok(slot.call(call, args))
+        })
     }
 
     /// The library behind an applied entry.
@@ -437,20 +441,22 @@ impl HostCtxObj for ApplyCtx<'_> {
     }
 
     fn logger(&self) -> LoggerBox {
-        plugin_logger(&self.planned.library.meta.name)
+        plugin_logger(&self.planned.entry.id, &self.planned.library.meta.name)
     }
 }
 
-/// The host side of the logging bridge: plugin events become host `tracing` events with a
-/// `plugin` field.
+/// The host side of the logging bridge: plugin events become host `tracing` events whose
+/// message starts with the entry id, with a `plugin` field.
 #[derive(Clone)]
 struct PluginLogger {
+    entry: Arc<str>,
     plugin: Arc<str>,
 }
 
-fn plugin_logger(plugin: &str) -> LoggerBox {
+fn plugin_logger(entry: &str, plugin: &str) -> LoggerBox {
     LoggerObj_TO::from_ptr(
         RArc::new(PluginLogger {
+            entry: entry.into(),
             plugin: plugin.into(),
         }),
         TD_Opaque,
@@ -473,13 +479,22 @@ impl LoggerObj for PluginLogger {
     }
 
     fn log(&self, level: u8, target: RStr<'_>, message: RStr<'_>) {
-        let (plugin, target, message) = (&*self.plugin, target.as_str(), message.as_str());
+        let (entry, plugin) = (&*self.entry, &*self.plugin);
+        let (target, message) = (target.as_str(), message.as_str());
         match level_of(level) {
-            Level::ERROR => tracing::error!(target: "plugin", plugin, source = target, "{message}"),
-            Level::WARN => tracing::warn!(target: "plugin", plugin, source = target, "{message}"),
-            Level::INFO => tracing::info!(target: "plugin", plugin, source = target, "{message}"),
-            Level::DEBUG => tracing::debug!(target: "plugin", plugin, source = target, "{message}"),
-            _ => tracing::trace!(target: "plugin", plugin, source = target, "{message}"),
+            Level::ERROR => {
+                tracing::error!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            Level::WARN => {
+                tracing::warn!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            Level::INFO => {
+                tracing::info!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            Level::DEBUG => {
+                tracing::debug!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            _ => tracing::trace!(target: "plugin", plugin, source = target, "[{entry}] {message}"),
         }
     }
 }

@@ -329,17 +329,8 @@ impl Runtime {
     ) -> Result<ToolResult, UnknownTool> {
         let call_on = {
             let c = self.composition();
-            let slot = c
-                .registry
-                .tools
-                .get(name)
-                .cloned()
-                .ok_or_else(|| UnknownTool {
-                    name: name.to_string(),
-                    known: c.registry.tools.keys().cloned().collect(),
-                })?;
             Held {
-                value: slot,
+                value: c.registry.tool(name)?.clone(),
                 _libraries: c.libraries.clone(),
             }
         };

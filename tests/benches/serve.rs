@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cordis_e2e::bench::human;
-use cordis_e2e::{fixture_reload_build, replace_file, McpStdio, Scratch};
+use cordis_e2e::{fixture_reload_build, reload_project, replace_file, McpStdio, Scratch};
 use cordis_sdk::CallContext;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -116,7 +116,7 @@ fn reload_latency(lib: &Path, s: &Scratch) {
     let mut latencies = Vec::with_capacity(rounds);
     // One warm-up reload.
     let mut current = 1;
-    let mut flip = |mcp: &mut McpStdio, current: &mut usize| -> f64 {
+    let flip = |mcp: &mut McpStdio, current: &mut usize| -> f64 {
         let next = 1 - *current;
         let want = format!("build {}, greeting ", next + 1);
         let t = Instant::now();
@@ -161,13 +161,6 @@ fn reload_latency(lib: &Path, s: &Scratch) {
 
 fn main() {
     read_round_trips();
-    let s = Scratch::new();
-    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
-    let lib = s
-        .path()
-        .join("plugins")
-        .join(cordis_host::loader::library_file_name("fixture-reload"));
-    replace_file(&fixture_reload_build(1), &lib);
-    s.manifest("- name: fixture-reload\n");
+    let (s, lib) = reload_project(1, "- name: fixture-reload\n");
     reload_latency(&lib, &s);
 }

@@ -94,6 +94,21 @@ pub fn fixture_reload_build(generation: u32) -> PathBuf {
     cached
 }
 
+/// A scratch project whose `plugins/` holds build `generation` of `fixture-reload` (found
+/// there first by [`Scratch::runtime`] and by `cordis run --plugin-path plugins`), with
+/// `manifest` as its `cordis.yml`. Returns the project and the library file to replace.
+pub fn reload_project(generation: u32, manifest: &str) -> (Scratch, PathBuf) {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+    let lib = s
+        .path()
+        .join("plugins")
+        .join(cordis_host::loader::library_file_name("fixture-reload"));
+    replace_file(&fixture_reload_build(generation), &lib);
+    s.manifest(manifest);
+    (s, lib)
+}
+
 /// Replaces `target` with a copy of `source` the way cargo does: write beside, then rename.
 pub fn replace_file(source: &Path, target: &Path) {
     let tmp = target.with_extension("replacing");
@@ -534,5 +549,131 @@ impl McpStdio {
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
         self.child.0.wait().expect("wait for cordis run")
+    }
+}
+
+/// A name unique within this test run (process id and a counter).
+pub fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A directory for test areas that must lie outside every writable root (the temp areas
+/// are writable roots): `CORDIS_E2E_OUTSIDE` when set, else the build output directory,
+/// else `~/.cache/cordis-e2e`, else `/var/tmp/cordis-e2e` — the first that is not inside a
+/// temp area. Fails loudly when none is.
+pub fn outside_base() -> PathBuf {
+    let temp_roots: Vec<PathBuf> = [PathBuf::from("/tmp"), std::env::temp_dir()]
+        .iter()
+        .filter_map(|r| r.canonicalize().ok())
+        .collect();
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(dir) = std::env::var_os("CORDIS_E2E_OUTSIDE") {
+        candidates.push(PathBuf::from(dir));
+    }
+    candidates.push(target_dir());
+    if let Some(home) = std::env::var_os("HOME") {
+        candidates.push(PathBuf::from(home).join(".cache/cordis-e2e"));
+    }
+    candidates.push(PathBuf::from("/var/tmp/cordis-e2e"));
+    for c in &candidates {
+        if std::fs::create_dir_all(c).is_err() {
+            continue;
+        }
+        let Ok(canon) = c.canonicalize() else {
+            continue;
+        };
+        if !temp_roots.iter().any(|r| canon.starts_with(r)) {
+            return canon;
+        }
+    }
+    panic!(
+        "no directory outside the temp areas {temp_roots:?} is usable for the sandbox tests (tried {candidates:?}); set CORDIS_E2E_OUTSIDE to one"
+    )
+}
+
+/// What the victim file outside every writable root holds until something escapes.
+pub const VICTIM: &str = "original outside content\n";
+
+/// A directory outside every writable root (the scratch dirs live under the temp area,
+/// which is writable in `workspace-write`), under the build output directory, holding
+/// `victim.txt`; removed on drop.
+pub struct Outside {
+    /// The directory (canonical).
+    pub dir: PathBuf,
+}
+
+impl Outside {
+    /// Creates it; fails loudly if the build output lies inside a temp area.
+    pub fn new(prefix: &str) -> Self {
+        let dir = outside_base().join(format!("{prefix}-outside-{}", unique()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create the outside dir");
+        let dir = dir.canonicalize().expect("canonical outside dir");
+        let probe = dsh_sandbox::SandboxExecutionPolicy {
+            mode: dsh_sandbox::SandboxMode::WorkspaceWrite,
+            workspace_root: PathBuf::from("/"),
+        };
+        let temp_roots: Vec<PathBuf> = dsh_sandbox::writable_roots(&probe)
+            .into_iter()
+            .skip(1)
+            .collect();
+        assert!(
+            !temp_roots.iter().any(|r| dir.starts_with(r)),
+            "the cargo target dir {} lies inside a temp area {temp_roots:?}; these tests need an \
+             area outside every writable root, so build with a target dir outside the temp area",
+            dir.display()
+        );
+        std::fs::write(dir.join("victim.txt"), VICTIM).expect("write victim");
+        Outside { dir }
+    }
+
+    /// The victim file.
+    pub fn victim(&self) -> PathBuf {
+        self.dir.join("victim.txt")
+    }
+
+    /// The victim's text.
+    pub fn victim_text(&self) -> String {
+        std::fs::read_to_string(self.victim()).expect("read victim")
+    }
+
+    /// Every object beneath the dir (symlinks not followed): kind and bytes.
+    pub fn snapshot(&self) -> std::collections::BTreeMap<PathBuf, String> {
+        fn walk(dir: &Path, base: &Path, out: &mut std::collections::BTreeMap<PathBuf, String>) {
+            let mut entries: Vec<_> = std::fs::read_dir(dir)
+                .expect("read outside dir")
+                .map(|e| e.expect("dir entry").path())
+                .collect();
+            entries.sort();
+            for p in entries {
+                let rel = p.strip_prefix(base).expect("beneath base").to_path_buf();
+                let meta = std::fs::symlink_metadata(&p).expect("lstat");
+                if meta.file_type().is_symlink() {
+                    let t = std::fs::read_link(&p).expect("readlink");
+                    out.insert(rel, format!("link -> {}", t.display()));
+                } else if meta.is_dir() {
+                    out.insert(rel, "dir".into());
+                    walk(&p, base, out);
+                } else {
+                    let bytes = std::fs::read(&p).expect("read");
+                    out.insert(rel, format!("file {:?}", String::from_utf8_lossy(&bytes)));
+                }
+            }
+        }
+        let mut out = std::collections::BTreeMap::new();
+        walk(&self.dir, &self.dir, &mut out);
+        out
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! Compatibility rules (checked by `abi_stable` when the host loads a library):
 //! - new fields of [`PluginMod`] go after its `#[sabi(last_prefix_field)]`, never before;
-//! - the SDK's `major.minor` (for `0.x`, the minor) is the ABI version: a library built
-//!   against a different one is refused with a one-line message naming both versions.
+//! - the SDK's major version (for `0.x`, the minor) is the ABI version; which libraries the
+//!   host accepts, and what it says when it refuses one, is the versioning policy in the
+//!   crate docs.
 
 #![allow(non_local_definitions)] // emitted by abi_stable's derives
 

@@ -79,9 +79,95 @@
 //! The crate `plugins/example` in this repository is the same plugin as a full crate.
 //!
 //! # Versioning
-//! The ABI version is this crate's `major.minor` (`0.x`: the minor); `abi_stable` also checks
-//! the layout of every type in [`abi`] when the host loads a library. An interface's identity
-//! and version come from [`interface!`]; a consumer and provider must agree exactly.
+//!
+//! Two versions decide whether plugins and the host work together, and the host checks
+//! both before it applies anything.
+//!
+//! ## The SDK (ABI) version
+//!
+//! The version of this crate is the version of the ABI contract in [`abi`]: its major, or
+//! for `0.x` its minor (`0.1.3` speaks ABI `0.1`). Every plugin library carries the SDK
+//! version it was built against; when the host loads it, `abi_stable` compares it with the
+//! host's own and then checks the layout of every type in [`abi`].
+//!
+//! A library is accepted when its SDK has the host's major version and, for `0.x`, a minor
+//! at least the host's, and its types' layouts are compatible with the host's (a newer SDK
+//! may only have added prefix fields). A library built against an older ABI is refused.
+//!
+//! **Compatible changes** (a patch release; plugins built before it keep loading):
+//! - a new field of [`abi::PluginMod`] or a new method of an `#[sabi_trait]` object *after*
+//!   its `#[sabi(last_prefix_field)]`; the host must treat it as optional (older plugins
+//!   lack it);
+//! - a new service the host provides (a new interface in [`host`]), which plugins inject
+//!   with [`Metadata::injects_optional`] so they still load on a host without it;
+//! - anything that does not cross the boundary: new helpers, new author-side API, docs.
+//!
+//! **Incompatible changes** (bump the ABI version: the minor for `0.x`, else the major):
+//! removing, renaming, reordering or retyping any field, variant or method in [`abi`],
+//! moving `last_prefix_field`, or changing what a host service's methods accept or return.
+//!
+//! How the host reports an incompatible library, in `cordis check`, at `cordis run` and on
+//! a reload (which keeps the previous composition serving), as one line naming the entry,
+//! the file, both versions and the fix:
+//!
+//! ```text
+//! error[abi-mismatch]: entry `my-plugin`: cannot use target/debug/libmy_plugin.so: ABI mismatch: the plugin was built against cordis-sdk 1.0.0 (ABI 1), this host against cordis-sdk 0.1.0 (ABI 0.1); rebuild the plugin with its `cordis-sdk` dependency set to the host's SDK (0.1), or run a cordis built with the plugin's SDK
+//! ```
+//!
+//! When the versions agree but a layout differs (an incompatible change shipped without a
+//! version bump), the message says so and `--verbose` adds `abi_stable`'s full report.
+//!
+//! ## Interface versions
+//!
+//! A service's interface is identified by the name and number given to [`interface!`],
+//! e.g. `("example.greeter", 1)`. Provider and consumer must agree **exactly**: the host
+//! compares every injection with its provider before applying anything, and
+//! [`Context::inject`] checks again at run time. Arguments and results cross as JSON, so
+//! the number is the only guard: bump it on any change to a method's name, argument or
+//! result, and release the seam crate (the crate holding the [`interface!`]) that both
+//! sides depend on. To add a capability without breaking existing consumers, declare a
+//! new interface (a new service) beside the old one instead of changing it; consumers
+//! that can live without it inject it with [`Metadata::injects_optional`].
+//!
+//! A mismatch is reported before anything is applied:
+//!
+//! ```text
+//! error[interface-mismatch]: entry `consumer` injects `greeter` as example.greeter v1, but entry `greeter-v2` provides it as example.greeter v2; interface versions must match exactly: rebuild one of them against the other's version of the seam crate
+//! ```
+//!
+//! The identity and version are constants of the generated client:
+//!
+//! ```
+//! use cordis_sdk::prelude::*;
+//!
+//! cordis_sdk::interface! {
+//!     /// Tells the time.
+//!     pub trait Clock as ClockClient ("example.clock", 2) {
+//!         /// Seconds since the epoch.
+//!         fn now(&self, unit: ()) -> u64;
+//!     }
+//! }
+//!
+//! assert_eq!((ClockClient::ID, ClockClient::VERSION), ("example.clock", 2));
+//!
+//! // A consumer built against version 1 is refused by a version 2 provider.
+//! cordis_sdk::interface! {
+//!     /// Tells the time, as version 1 did.
+//!     pub trait ClockV1 as ClockV1Client ("example.clock", 1) {
+//!         /// Seconds since the epoch.
+//!         fn now(&self, unit: ()) -> u64;
+//!     }
+//! }
+//! struct Fixed;
+//! impl Clock for Fixed {
+//!     fn now(&self, _unit: ()) -> Result<u64> {
+//!         Ok(0)
+//!     }
+//! }
+//! let refused = Service::checked::<ClockV1Client>("clock", ClockClient::serve(Fixed));
+//! let error = refused.err().expect("versions differ");
+//! assert_eq!(error.code, cordis_sdk::codes::INTERFACE_MISMATCH);
+//! ```
 
 #![deny(missing_docs)]
 

@@ -1,0 +1,389 @@
+//! End-to-end tests of the plugin-author path: `cordis new` scaffolds a crate that builds,
+//! loads with `cordis check`, answers `cordis call` and passes its own `cargo test`; the
+//! `cordis-test` harness drives real plugin libraries with stand-in services; and a plugin
+//! built against another interface version is refused with an actionable message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cordis_e2e::{target_dir, with_build_lock, workspace_root, Scratch};
+use cordis_example_api::{Greeter, GreeterClient};
+use cordis_sdk::Result;
+use cordis_test::{HarnessError, PluginUnderTest, ToolResult};
+use serde_json::json;
+
+/// Runs `cmd` and returns its output; on an unexpected exit status, panics with the
+/// command, its directory, stdout and stderr.
+fn run(mut cmd: Command, success: bool) -> Output {
+    let what = format!("{cmd:?}");
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
+    assert_eq!(
+        out.status.success(),
+        success,
+        "unexpected exit status {}\ncommand: {what}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The workspace's cargo target directory (the parent of `target/<profile>`).
+fn cargo_target() -> PathBuf {
+    target_dir()
+        .parent()
+        .expect("the profile directory has a parent")
+        .to_path_buf()
+}
+
+/// A cargo command for the scaffolded crate in `dir`, sharing the workspace's target
+/// directory (so the dependencies already built are reused) and its lock file.
+fn cargo(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(dir)
+        .args(args)
+        .env("CARGO_TARGET_DIR", cargo_target());
+    cmd
+}
+
+/// The workspace's `[profile.*]` sections, for a cargo config next to the scaffold: the
+/// same profile means the same artifacts in the shared target directory.
+fn workspace_profiles() -> String {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
+        .expect("read the workspace manifest");
+    let mut out = String::new();
+    let mut keep = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            keep = line.starts_with("[profile");
+        }
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn cordis_new_builds_checks_answers_and_tests() {
+    let scratch = Scratch::new();
+    scratch.write(".cargo/config.toml", &workspace_profiles());
+    let created = run(
+        {
+            let mut c = scratch.cordis(&["new", "hello-cordis"]);
+            c.env("CARGO_TARGET_DIR", cargo_target());
+            c
+        },
+        true,
+    );
+    let dir = scratch.path().join("hello-cordis");
+    let library = target_dir().join(cordis_host::loader::library_file_name("hello-cordis"));
+    let printed = text(&created);
+    for needle in [
+        "created plugin crate `hello-cordis`",
+        "- name: hello-cordis\n",
+        &format!("  path: {}\n", library.display()),
+        "cordis call hello_cordis_greet",
+    ] {
+        assert!(printed.contains(needle), "lacks {needle:?}:\n{printed}");
+    }
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");
+    let sdk = workspace_root().join("plugins/sdk").canonicalize().unwrap();
+    for needle in [
+        "crate-type = [\"cdylib\", \"rlib\"]",
+        &format!("cordis-sdk = {{ path = \"{}\" }}", sdk.display()),
+        "cordis-test = { path = ",
+        "\n[workspace]\n",
+    ] {
+        assert!(manifest.contains(needle), "lacks {needle:?}:\n{manifest}");
+    }
+    std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock"))
+        .expect("copy Cargo.lock");
+
+    with_build_lock(|| {
+        run(cargo(&dir, &["build"]), true);
+        assert!(library.is_file(), "{} was not built", library.display());
+
+        let mut check = scratch.cordis(&["check"]);
+        check.current_dir(&dir);
+        let checked = text(&run(check, true));
+        assert!(
+            checked.contains("valid composition, 1 entry")
+                && checked.contains("provides helloCordis (hello-cordis.greeter v1)"),
+            "{checked}"
+        );
+
+        let mut call = scratch.cordis(&["call", "hello_cordis_greet", r#"{"name": "Ada"}"#]);
+        call.current_dir(&dir).env("RUST_LOG", "info");
+        let answered = run(call, true);
+        assert_eq!(String::from_utf8_lossy(&answered.stdout), "hello, Ada!\n");
+        // The plugin's own log line reaches the host's output, prefixed with its entry id.
+        let log = String::from_utf8_lossy(&answered.stderr);
+        assert!(log.contains("[hello-cordis] ready"), "{log}");
+
+        let tested = text(&run(cargo(&dir, &["test"]), true));
+        assert!(tested.contains("test result: ok. 3 passed"), "{tested}");
+        // Leave the shared output directory with the workspace's plugins only.
+        std::fs::remove_file(&library).expect("remove the scaffold's library");
+    });
+}
+
+#[test]
+fn cordis_new_refuses_bad_names_and_existing_directories() {
+    let scratch = Scratch::new();
+    for (name, why) in [
+        ("My-Plugin", "it must start with a lowercase ASCII letter"),
+        ("my.plugin", "it contains `.`"),
+        ("fn", "it is a Rust keyword"),
+    ] {
+        scratch
+            .run(&["new", name])
+            .expect_code(1)
+            .expect_output(&[&format!("`{name}` is not a valid plugin name: {why}")]);
+        assert!(!scratch.path().join(name).exists());
+    }
+
+    scratch.write("taken/keep.txt", "mine");
+    scratch
+        .run(&["new", "taken"])
+        .expect_code(1)
+        .expect_output(&["taken already exists and is not empty", "pass `--path DIR`"]);
+    assert_eq!(
+        std::fs::read_to_string(scratch.path().join("taken/keep.txt")).unwrap(),
+        "mine"
+    );
+    assert!(!scratch.path().join("taken/Cargo.toml").exists());
+
+    // An empty directory is filled; nothing is left beside it.
+    std::fs::create_dir_all(scratch.path().join("plugins/empty")).unwrap();
+    scratch
+        .run(&["new", "filled", "--path", "plugins/empty"])
+        .expect_code(0)
+        .expect_output(&["created plugin crate `filled`"]);
+    let crate_dir = scratch.path().join("plugins/empty");
+    for file in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "tests/plugin.rs",
+        "README.md",
+        "cordis.yml",
+    ] {
+        assert!(crate_dir.join(file).is_file(), "{file} missing");
+    }
+    let beside: Vec<_> = std::fs::read_dir(scratch.path().join("plugins"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(beside, ["empty"], "staging left behind");
+
+    scratch
+        .run(&["new", "elsewhere", "--sdk-path", "no/such/sdk"])
+        .expect_code(1)
+        .expect_output(&["the cordis SDK is not at no/such/sdk", "--sdk-path"]);
+    assert!(!scratch.path().join("elsewhere").exists());
+}
+
+struct StandIn;
+
+impl Greeter for StandIn {
+    fn greet(&self, name: String) -> Result<String> {
+        Ok(format!("stand-in greets {name}"))
+    }
+}
+
+cordis_sdk::interface! {
+    /// The greeter interface at another version, for a mismatched stand-in.
+    trait GreeterV2 as GreeterV2Client ("example.greeter", 2) {
+        /// A greeting.
+        fn greet(&self, name: String) -> String;
+    }
+}
+
+impl GreeterV2 for StandIn {
+    fn greet(&self, name: String) -> Result<String> {
+        Ok(name)
+    }
+}
+
+fn plugin(name: &str) -> PluginUnderTest {
+    PluginUnderTest::load(cordis_e2e::library(name)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn test_support_runs_the_example_plugin_and_its_service() {
+    let started = plugin("cordis-example")
+        .config(json!({ "word": "hi" }))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(started.tools(), ["greet"]);
+    assert_eq!(
+        started
+            .call_tool("greet", json!({ "name": "Ada" }))
+            .unwrap(),
+        ToolResult::ok("hi, Ada")
+    );
+    let greeter = started.service::<GreeterClient>("greeter").unwrap();
+    assert_eq!(greeter.greet("Grace".into()).unwrap(), "hi, Grace");
+    let err = greeter.greet(String::new()).unwrap_err();
+    assert_eq!(err.code, "INVALID_ARGUMENT", "{err:?}");
+
+    let unknown = started.call_tool("nope", json!({})).unwrap_err();
+    assert_eq!(
+        unknown.to_string(),
+        "no tool `nope`; registered tools: greet"
+    );
+    let wrong = started.service::<GreeterV2Client>("greeter").err().unwrap();
+    assert!(
+        wrong.to_string().contains(
+            "implements interface example.greeter v1, but this plugin needs example.greeter v2"
+        ),
+        "{wrong}"
+    );
+}
+
+#[test]
+fn test_support_injects_a_stand_in_service() {
+    let started = plugin("fixture-greeter-consumer")
+        .stand_in("greeter", GreeterClient::serve(StandIn))
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        started
+            .call_tool("greet-via-service", json!({ "name": "Ada" }))
+            .unwrap(),
+        ToolResult::ok("stand-in greets Ada")
+    );
+    assert_eq!(
+        started.registry().missing_optional,
+        [(
+            "fixture-greeter-consumer".to_string(),
+            "greeter-backup".to_string()
+        )]
+    );
+}
+
+#[test]
+fn test_support_refuses_what_cordis_check_refuses() {
+    let check = |outcome: std::result::Result<cordis_test::Started, HarnessError>,
+                 needles: &[&str]| {
+        let err = outcome.expect_err("must be refused").to_string();
+        for n in needles {
+            assert!(err.contains(n), "lacks {n:?}: {err}");
+        }
+    };
+    check(
+        plugin("fixture-greeter-consumer").start(),
+        &[
+            "plugin `fixture-greeter-consumer`: it requires service `greeter` (example.greeter v1)",
+            ".stand_in(\"greeter\", Client::serve(...))",
+        ],
+    );
+    check(
+        plugin("fixture-greeter-consumer")
+            .stand_in("greeter", GreeterV2Client::serve(StandIn))
+            .start(),
+        &["injects `greeter` as example.greeter v1, but the stand-in implements example.greeter v2"],
+    );
+    check(
+        plugin("cordis-example")
+            .config(json!({ "wrod": "hi" }))
+            .start(),
+        &["plugin `cordis-example` refuses the config", "wrod"],
+    );
+    let err = PluginUnderTest::load(workspace_root().join("Cargo.toml")).unwrap_err();
+    assert!(
+        err.to_string().starts_with("cannot load plugin library"),
+        "{err}"
+    );
+    let err = PluginUnderTest::build(workspace_root().join("no-such-crate")).unwrap_err();
+    assert!(
+        err.to_string().contains("there is no Cargo.toml in it"),
+        "{err}"
+    );
+}
+
+/// A copy of the SDK whose version is `version` (everything else unchanged), in `dir`.
+fn sdk_copy(dir: &Path, version: &str) -> PathBuf {
+    let sdk = workspace_root().join("plugins/sdk");
+    let copy = dir.join("sdk");
+    std::fs::create_dir_all(copy.join("src")).unwrap();
+    for file in std::fs::read_dir(sdk.join("src")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, copy.join("src").join(file.file_name().unwrap())).unwrap();
+    }
+    let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap();
+    let manifest = manifest
+        .replace("rust-version.workspace = true", "")
+        .replace(
+            "version.workspace = true",
+            &format!("version = \"{version}\""),
+        )
+        .replace("edition.workspace = true", "edition = \"2021\"")
+        .replace("license.workspace = true", "")
+        .replace("abi_stable.workspace = true", "abi_stable = \"0.11.3\"")
+        .replace("schemars.workspace = true", "schemars = \"1\"")
+        .replace(
+            "serde.workspace = true",
+            "serde = { version = \"1\", features = [\"derive\"] }",
+        )
+        .replace("serde_json.workspace = true", "serde_json = \"1\"")
+        .replace("tracing.workspace = true", "tracing = \"0.1\"");
+    assert!(!manifest.contains(".workspace"), "{manifest}");
+    std::fs::write(copy.join("Cargo.toml"), manifest).unwrap();
+    copy
+}
+
+#[test]
+fn a_plugin_built_against_an_incompatible_sdk_is_refused_with_both_versions() {
+    let scratch = Scratch::new();
+    scratch.write(".cargo/config.toml", &workspace_profiles());
+    let sdk = sdk_copy(&scratch.path(), "1.0.0");
+    let host_sdk = env!("CARGO_PKG_VERSION");
+    let host_abi = match host_sdk.split('.').collect::<Vec<_>>()[..] {
+        ["0", minor, _] => format!("0.{minor}"),
+        [major, ..] => major.to_string(),
+        _ => unreachable!("a semver version"),
+    };
+    scratch.write(
+        "future/Cargo.toml",
+        &format!(
+            "[package]\nname = \"future-plugin\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\ncordis-sdk = {{ path = \"{}\" }}\nschemars = \"1\"\nserde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n",
+            sdk.display()
+        ),
+    );
+    scratch.write(
+        "future/src/lib.rs",
+        "//! A plugin built against a future, incompatible SDK.\nuse cordis_sdk::prelude::*;\n#[derive(Deserialize, JsonSchema)]\npub struct Config {}\npub struct Future;\nimpl Plugin for Future {\n    type Config = Config;\n    fn metadata() -> Metadata { Metadata::new(\"future-plugin\", \"0.1.0\") }\n    fn apply(_ctx: &mut Context<'_>, _config: Config) -> Result<Self> { Ok(Future) }\n}\ncordis_sdk::export_plugin!(Future);\n",
+    );
+    let dir = scratch.path().join("future");
+    std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+    let library = target_dir().join(cordis_host::loader::library_file_name("future-plugin"));
+    with_build_lock(|| {
+        run(cargo(&dir, &["build"]), true);
+        // Take it out of the shared output directory at once: it is no plugin of this host.
+        std::fs::rename(&library, scratch.path().join("libfuture_plugin.so")).unwrap();
+    });
+    scratch.manifest("- name: future-plugin\n  path: libfuture_plugin.so\n");
+    scratch.run(&["check"]).expect_code(1).expect_output(&[
+        "error[abi-mismatch]: entry `future-plugin`: cannot use",
+        &format!("libfuture_plugin.so: ABI mismatch: the plugin was built against cordis-sdk 1.0.0 (ABI 1), this host against cordis-sdk {host_sdk} (ABI {host_abi}); rebuild the plugin with its `cordis-sdk` dependency set to the host's SDK ({host_abi}), or run a cordis built with the plugin's SDK"),
+        "cordis.yml:1:3",
+    ]);
+    let err = PluginUnderTest::load(scratch.path().join("libfuture_plugin.so")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("built against cordis-sdk 1.0.0 (ABI 1)"),
+        "{err}"
+    );
+}
