@@ -1095,3 +1095,45 @@ fn empty_and_odd_values_get_clear_errors() {
         check(&started, &s, tool, args, want);
     }
 }
+
+#[test]
+fn cordis_session_set_mode_from_another_process_governs_a_running_server() {
+    let s = Scratch::new();
+    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
+        .expect("bundled cordis.yml");
+    s.manifest(&bundled);
+    let project = s.path().join("project");
+    std::fs::create_dir_all(&project).expect("project dir");
+    let created = s.run(&["session", "new", "--cwd", "project"]);
+    created.expect_code(0);
+    let id = created.stdout().trim().to_string();
+
+    let mut mcp = cordis_e2e::McpStdio::start(s.cordis(&["run", "--no-watch", "--session", &id]));
+    let write = |mcp: &mut cordis_e2e::McpStdio, name: &str| {
+        mcp.call("write", json!({"path": name, "content": "x\n"}))
+    };
+    let bash = |mcp: &mut cordis_e2e::McpStdio, name: &str| {
+        mcp.call("bash", json!({"command": format!("echo x > {name}")}))
+    };
+    assert_eq!(
+        write(&mut mcp, "a.txt").0,
+        false,
+        "workspace-write allows writes in the root"
+    );
+    assert_eq!(bash(&mut mcp, "b.txt").0, false);
+
+    s.run(&["session", "set-mode", &id, "read-only"])
+        .expect_code(0)
+        .expect_output(&["mode read-only"]);
+    let marker = denial_marker(ReadOnly);
+    let (is_error, text) = write(&mut mcp, "c.txt");
+    assert!(is_error && text.starts_with(&marker), "{text}");
+    let (is_error, text) = bash(&mut mcp, "d.txt");
+    assert!(is_error && text.starts_with(&marker), "{text}");
+    assert!(!project.join("c.txt").exists() && !project.join("d.txt").exists());
+    assert!(mcp.finish().success());
+
+    s.run(&["session", "show", &id])
+        .expect_code(0)
+        .expect_output(&["sandbox policy: read-only", "sandbox/mode"]);
+}
