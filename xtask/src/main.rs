@@ -85,11 +85,17 @@ fn python_env() -> Result<PathBuf, String> {
 
 fn test() -> Result<(), String> {
     let python = python_env()?;
-    build_all()?;
+    schema(true)?;
     let nextest = cargo()
         .args(["nextest", "--version"])
         .output()
         .is_ok_and(|o| o.status.success());
+    if nextest {
+        // nextest does not run doc tests.
+        let mut cmd = cargo();
+        cmd.args(["test", "--workspace", "--doc"]);
+        status(cmd, "doc tests")?;
+    }
     let mut cmd = cargo();
     if nextest {
         cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
@@ -97,13 +103,7 @@ fn test() -> Result<(), String> {
         cmd.args(["test", "--workspace", "--no-fail-fast"]);
     }
     cmd.env("CORDIS_TEST_PYTHON", &python);
-    status(cmd, "the test suite")?;
-    if nextest {
-        let mut cmd = cargo();
-        cmd.args(["test", "--workspace", "--doc"]);
-        status(cmd, "doc tests")?;
-    }
-    schema(true)
+    status(cmd, "the test suite")
 }
 
 /// The workspace's plugins (not test fixtures): `plugins/*` crates built as cdylibs.
