@@ -230,7 +230,7 @@ fn apply_failure_disposes_what_was_applied_and_exits_non_zero() {
         (
             "error",
             &[
-                "fixture refuses to start [FIXTURE_FAILED]",
+                "fixture refuses to start: No such file or directory (os error 2) [FIXTURE_FAILED]",
                 "set `fail:` to nothing",
             ][..],
         ),

@@ -102,10 +102,15 @@ pub async fn serve_stdio_with(
 
 async fn serve(server: McpServer, notifier: ToolListNotifier) -> anyhow::Result<()> {
     let sinks = server.shared.sinks.clone();
-    let running = server
-        .serve(rmcp::transport::stdio())
-        .await
-        .context("failed to start the mcp server")?;
+    let running = match server.serve(rmcp::transport::stdio()).await {
+        Ok(r) => r,
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
+            // The client went away before initializing (or stdin was empty): nothing to serve.
+            tracing::info!("stdin closed before an MCP client initialized");
+            return Ok(());
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("failed to start the mcp server")),
+    };
     let peer = running.peer().clone();
     let mut changes = notifier.tx.subscribe();
     let forward = tokio::spawn(async move {

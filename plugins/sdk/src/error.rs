@@ -39,6 +39,19 @@ impl Error {
         self
     }
 
+    /// Appends the error that caused this one, and its own sources, to the message
+    /// (`message: cause: cause of cause`), so the host shows the whole chain. The chain is
+    /// plain text: nothing but data crosses the plugin boundary.
+    pub fn with_source(mut self, source: &(dyn std::error::Error + 'static)) -> Self {
+        let mut next = Some(source);
+        while let Some(e) = next {
+            self.message.push_str(": ");
+            self.message.push_str(&e.to_string());
+            next = e.source();
+        }
+        self
+    }
+
     /// Adds structured details.
     pub fn with_data(mut self, data: serde_json::Value) -> Self {
         self.data = Some(data);
@@ -70,6 +83,37 @@ pub mod codes {
     pub const MISSING_SERVICE: &str = "MISSING_SERVICE";
     /// Anything else.
     pub const INTERNAL: &str = "INTERNAL";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("cannot read the word list")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_whole_cause_chain_is_kept() {
+        let cause = Outer(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "words.txt is missing",
+        ));
+        let e = Error::new("START", "cannot start").with_source(&cause);
+        assert_eq!(
+            e.message,
+            "cannot start: cannot read the word list: words.txt is missing"
+        );
+    }
 }
 
 impl fmt::Display for Error {
