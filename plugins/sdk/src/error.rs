@@ -85,37 +85,6 @@ pub mod codes {
     pub const INTERNAL: &str = "INTERNAL";
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug)]
-    struct Outer(std::io::Error);
-    impl fmt::Display for Outer {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("cannot read the word list")
-        }
-    }
-    impl std::error::Error for Outer {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
-    }
-
-    #[test]
-    fn the_whole_cause_chain_is_kept() {
-        let cause = Outer(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "words.txt is missing",
-        ));
-        let e = Error::new("START", "cannot start").with_source(&cause);
-        assert_eq!(
-            e.message,
-            "cannot start: cannot read the word list: words.txt is missing"
-        );
-    }
-}
-
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} [{}]", self.message, self.code)?;
@@ -177,4 +146,35 @@ pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string panic payload".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("cannot read the word list")
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_whole_cause_chain_is_kept() {
+        let cause = Outer(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "words.txt is missing",
+        ));
+        let e = Error::new("START", "cannot start").with_source(&cause);
+        assert_eq!(
+            e.message,
+            "cannot start: cannot read the word list: words.txt is missing"
+        );
+    }
 }
