@@ -280,3 +280,29 @@ fn run_serves_until_sigterm_and_disposes_in_reverse_order() {
     assert!(tail.contains("received SIGTERM"), "{tail}");
     assert!(tail.contains("greeter disposed"), "{tail}");
 }
+
+#[test]
+fn a_plugin_printing_to_stdout_cannot_corrupt_the_mcp_stream() {
+    let s = Scratch::new();
+    s.manifest("- name: cordis-example\n- name: fixture-faulty\n");
+    let mut cmd = s.cordis(&["run", "--no-watch"]);
+    cmd.stderr(std::process::Stdio::piped());
+    // McpStdio fails on any stdout line that is not JSON-RPC.
+    let mut mcp = cordis_e2e::McpStdio::start(cmd);
+    assert_eq!(
+        mcp.call("shout", serde_json::json!({})),
+        (false, "shouted".to_string())
+    );
+    assert_eq!(
+        mcp.call("greet", serde_json::json!({"name": "Ada"})),
+        (false, "hello, Ada".to_string())
+    );
+    let (is_error, text) = mcp.call("explode", serde_json::json!({}));
+    assert!(is_error && text.contains("panicked"), "{text}");
+    assert_eq!(
+        mcp.call("greet", serde_json::json!({"name": "Bo"})),
+        (false, "hello, Bo".to_string()),
+        "the server keeps answering after a plugin panic"
+    );
+    assert!(mcp.finish().success());
+}

@@ -100,9 +100,32 @@ pub async fn serve_stdio_with(
     result
 }
 
+/// The protocol's stdin/stdout. The real stdout is kept on a private descriptor for MCP
+/// and descriptor 1 is pointed at stderr, so a stray print from a plugin (or anything
+/// else in the process) lands in the log instead of corrupting the MCP stream.
+fn protocol_stdio() -> anyhow::Result<(tokio::io::Stdin, tokio::fs::File)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain descriptor operations on 1 and 2; the duplicate is owned by the File.
+    let protocol = unsafe { libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3) };
+    if protocol < 0 {
+        anyhow::bail!(
+            "cannot duplicate stdout for the MCP stream: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    if unsafe { libc::dup2(2, 1) } < 0 {
+        anyhow::bail!(
+            "cannot point stdout at stderr: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let out = unsafe { std::fs::File::from_raw_fd(protocol) };
+    Ok((tokio::io::stdin(), tokio::fs::File::from_std(out)))
+}
+
 async fn serve(server: McpServer, notifier: ToolListNotifier) -> anyhow::Result<()> {
     let sinks = server.shared.sinks.clone();
-    let running = match server.serve(rmcp::transport::stdio()).await {
+    let running = match server.serve(protocol_stdio()?).await {
         Ok(r) => r,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
             // The client went away before initializing (or stdin was empty): nothing to serve.

@@ -32,7 +32,7 @@ async def test_lists_tools_with_schemas_and_identifies_itself(ws: Workspace, mod
         tools = client.server_capabilities.tools
         assert tools is not None and tools.list_changed is True
         listing = await client.list_tools()
-        assert tool_names(listing) == {"greet", "explode"}
+        assert tool_names(listing) == {"greet", "explode", "shout"}
         greet = next(t for t in listing.tools if t.name == "greet")
         assert greet.input_schema["properties"]["name"]["type"] == "string"
 
