@@ -154,11 +154,6 @@ impl Copies {
             next: std::sync::atomic::AtomicU64::new(1),
         }
     }
-
-    /// The directory copies live in.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
 }
 
 /// A digest of a library file (reloads skip libraries whose bytes did not change).

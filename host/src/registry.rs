@@ -16,7 +16,7 @@ use cordis_sdk::abi::{
 use cordis_sdk::{CallContext, ToolResult};
 use tracing::Level;
 
-use crate::loader::{Library, ServiceSpec};
+use crate::loader::ServiceSpec;
 use crate::plan::{Plan, Planned, Provider};
 
 /// A service in the registry.
@@ -298,11 +298,6 @@ impl Registry {
         }
     }
 
-    /// The applied entries, in application order.
-    pub fn applied(&self) -> impl Iterator<Item = &Applied> {
-        self.applied.iter()
-    }
-
     /// Calls tool `name` in a session. A tool's own error becomes an error result naming
     /// its code; only an unknown tool is an `Err`.
     pub fn call_tool(
@@ -320,14 +315,6 @@ impl Registry {
             name: name.to_string(),
             known: self.tools.keys().cloned().collect(),
         })
-    }
-
-    /// The library behind an applied entry.
-    pub fn library_of(&self, id: &str) -> Option<&Arc<Library>> {
-        self.applied
-            .iter()
-            .find(|a| a.id == id)
-            .map(|a| &a.planned.library)
     }
 }
 
