@@ -617,11 +617,24 @@ fn no_host_descriptor_leaks_into_commands() {
     let layout = Layout::new();
     let started = start_sandboxed(&scratch, Ww, &layout.ws);
     let shell: ShellClient = started.service("shell");
-    // The host has plenty open (the plugin libraries' files, the session store, pipes).
-    let host_fds = std::fs::read_dir("/proc/self/fd").expect("fd dir").count();
-    assert!(host_fds > 4, "{host_fds}");
-    for policy in [Some(layout.policy(Ww)), Some(layout.policy(Full))] {
-        let r = exec(&shell, request("ls /proc/self/fd", &layout.ws, policy));
+    // The host holds descriptors a command must not see: one the usual way
+    // (close-on-exec) and one deliberately opened WITHOUT close-on-exec, as C
+    // code in a plugin or an inherited descriptor would be.
+    let cloexec = std::fs::File::open(&layout.ws).expect("open the workspace");
+    // SAFETY: a plain system call on a path literal; closed below.
+    let inheritable = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY) };
+    assert!(inheritable > 2, "open /dev/null: {inheritable}");
+    // SAFETY: querying the flags of the descriptor opened above.
+    let flags = unsafe { libc::fcntl(inheritable, libc::F_GETFD) };
+    assert_eq!(flags & libc::FD_CLOEXEC, 0, "the probe must be inheritable");
+    let outcomes: Vec<_> = [Some(layout.policy(Ww)), Some(layout.policy(Full))]
+        .into_iter()
+        .map(|policy| exec(&shell, request("ls /proc/self/fd", &layout.ws, policy)))
+        .collect();
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(inheritable) };
+    drop(cloexec);
+    for r in outcomes {
         let fds: Vec<&str> = r.stdout.lines().collect();
         // 0, 1, 2 and the directory `ls` opens to list.
         assert_eq!(fds, ["0", "1", "2", "3"], "{r:#?}");
