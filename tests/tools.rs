@@ -1138,3 +1138,52 @@ fn cordis_session_set_mode_from_another_process_governs_a_running_server() {
         .expect_code(0)
         .expect_output(&["sandbox policy: read-only", "sandbox/mode"]);
 }
+
+#[test]
+fn cordis_call_exit_codes_approval_flags_and_no_stray_sessions() {
+    let s = Scratch::new();
+    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
+        .expect("bundled cordis.yml");
+    s.manifest(&bundled);
+    let outside = Outside::new("call");
+    let victim = outside.victim().display().to_string();
+    let sessions = || s.run(&["session", "list"]).expect_code(0).stdout();
+
+    // Host errors (exit 2) happen before anything is created.
+    s.run(&["call", "wirte", r#"{"path": "a.txt", "content": "x"}"#])
+        .expect_code(2)
+        .expect_output(&["wirte", "write"]);
+    s.run(&["call", "write", r#"["a.txt"]"#])
+        .expect_code(2)
+        .expect_output(&["must be a JSON object"]);
+    s.run(&["call", "-c", "missing.yml", "write", "{}"])
+        .expect_code(2)
+        .expect_output(&["missing.yml"]);
+    assert_eq!(sessions().trim(), "", "a failed call left a session behind");
+
+    // A tool result (exit 0), in a session rooted where `cordis call` runs.
+    s.run(&["call", "write", r#"{"path": "a.txt", "content": "x\n"}"#])
+        .expect_code(0);
+    assert_eq!(std::fs::read_to_string(s.path().join("a.txt")).unwrap(), "x\n");
+    assert_eq!(sessions().lines().count(), 1);
+
+    // A tool error result (exit 1): denied outside the root, nothing changed.
+    let denied = json!({"path": victim, "content": "changed\n"}).to_string();
+    s.run(&["call", "write", &denied])
+        .expect_code(1)
+        .expect_output(&[&denial_marker(WorkspaceWrite)]);
+    assert_eq!(outside.victim_text(), VICTIM);
+
+    // Escalation answered by the flags; with neither (stdin is not a terminal) nobody
+    // can be asked.
+    let escalating = escalating_call("write", &outside, DangerFullAccess).to_string();
+    s.run(&["call", "--deny", "write", &escalating])
+        .expect_code(1)
+        .expect_output(&[&texts::rejected(DangerFullAccess)]);
+    s.run(&["call", "write", &escalating])
+        .expect_code(1)
+        .expect_output(&[&texts::unavailable(DangerFullAccess)]);
+    assert_eq!(outside.victim_text(), VICTIM);
+    s.run(&["call", "--approve", "write", &escalating]).expect_code(0);
+    assert_eq!(outside.victim_text(), format!("{VICTIM}escalated\n"));
+}

@@ -501,26 +501,16 @@ fn call(host: Host, args: CallArgs) -> ExitCode {
         }
         Err(e) => return fail(anyhow::anyhow!("tool arguments are not valid JSON: {e}")),
     };
-    let session = match &args.session {
-        Some(id) => host.sessions.get(id),
-        None => {
-            let cwd = match args
-                .cwd
-                .clone()
-                .map(Ok)
-                .unwrap_or_else(std::env::current_dir)
-            {
-                Ok(c) => c,
-                Err(e) => return fail(anyhow::anyhow!("cannot read the current directory: {e}")),
-            };
-            host.sessions.create(&cwd)
-        }
+    // Nothing is created before the composition starts and the tool is known: a bad
+    // manifest or a misspelt tool leaves no stray session behind.
+    let sessions = host.sessions.clone();
+    let existing = match &args.session {
+        Some(id) => match sessions.get(id) {
+            Ok(s) => Some(s),
+            Err(e) => return fail(e.into()),
+        },
+        None => None,
     };
-    let session = match session {
-        Ok(s) => s,
-        Err(e) => return fail(e.into()),
-    };
-    eprintln!("session: {}", session.id);
     if args.approve {
         host.approvals.answer_always(ApprovalOutcome::Approved);
     } else if args.deny {
@@ -535,6 +525,24 @@ fn call(host: Host, args: CallArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    let known = runtime.composition().registry.tool(&args.tool).map(|_| ());
+    if let Err(e) = known {
+        runtime.shutdown();
+        return fail(e.into());
+    }
+    let session: anyhow::Result<_> = existing.map(Ok).unwrap_or_else(|| {
+        let cwd = args.cwd.clone().map(Ok).unwrap_or_else(std::env::current_dir);
+        let cwd = cwd.map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?;
+        Ok(sessions.create(&cwd)?)
+    });
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            runtime.shutdown();
+            return fail(e);
+        }
+    };
+    eprintln!("session: {}", session.id);
     let call = CallContext {
         session,
         call_id: format!("cli-{}", std::process::id()),
