@@ -874,10 +874,7 @@ fn a_kernel_without_landlock_runs_no_command_and_says_why() {
         layout.ws.display()
     ));
     let marker = layout.ws.join("ran.txt");
-    let args = format!(
-        r#"{{"command": "echo ran > '{}'"}}"#,
-        marker.display()
-    );
+    let args = format!(r#"{{"command": "echo ran > '{}'"}}"#, marker.display());
     let call = |without_landlock: Option<&WithoutLandlock>| {
         let manifest = manifest.to_str().expect("UTF-8 path");
         let mut cmd = scratch.cordis(&["call", "-c", manifest, "bash", &args]);
@@ -892,7 +889,11 @@ fn a_kernel_without_landlock_runs_no_command_and_says_why() {
     let out = call(Some(&filter));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     let said = format!("{stdout}{stderr}");
     for needle in [
         "SHELL_SANDBOX_UNAVAILABLE",

@@ -1164,7 +1164,10 @@ fn cordis_call_exit_codes_approval_flags_and_no_stray_sessions() {
     // A tool result (exit 0), in a session rooted where `cordis call` runs.
     s.run(&["call", "write", r#"{"path": "a.txt", "content": "x\n"}"#])
         .expect_code(0);
-    assert_eq!(std::fs::read_to_string(s.path().join("a.txt")).unwrap(), "x\n");
+    assert_eq!(
+        std::fs::read_to_string(s.path().join("a.txt")).unwrap(),
+        "x\n"
+    );
     assert_eq!(sessions().lines().count(), 1);
 
     // A tool error result (exit 1): denied outside the root, nothing changed.
@@ -1184,6 +1187,7 @@ fn cordis_call_exit_codes_approval_flags_and_no_stray_sessions() {
         .expect_code(1)
         .expect_output(&[&texts::unavailable(DangerFullAccess)]);
     assert_eq!(outside.victim_text(), VICTIM);
-    s.run(&["call", "--approve", "write", &escalating]).expect_code(0);
+    s.run(&["call", "--approve", "write", &escalating])
+        .expect_code(0);
     assert_eq!(outside.victim_text(), format!("{VICTIM}escalated\n"));
 }

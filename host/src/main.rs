@@ -531,7 +531,11 @@ fn call(host: Host, args: CallArgs) -> ExitCode {
         return fail(e.into());
     }
     let session: anyhow::Result<_> = existing.map(Ok).unwrap_or_else(|| {
-        let cwd = args.cwd.clone().map(Ok).unwrap_or_else(std::env::current_dir);
+        let cwd = args
+            .cwd
+            .clone()
+            .map(Ok)
+            .unwrap_or_else(std::env::current_dir);
         let cwd = cwd.map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?;
         Ok(sessions.create(&cwd)?)
     });

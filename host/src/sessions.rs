@@ -241,21 +241,32 @@ impl SessionStore {
     ) -> Result<u64, SessionError> {
         let log = self.log(id)?;
         let mut state = log.state.lock().unwrap_or_else(|e| e.into_inner());
-        read_more(&log.path, &mut state, false)?;
+        // Every appender, in any process, holds the log's lock: the sequence numbers stay
+        // dense, and a partial last line seen under the lock is a crash's, not an append
+        // in progress.
+        let mut file = lock_for_append(&log.path)?;
+        read_more(&log.path, &mut state, true)?;
         let event = SessionEvent {
             seq: state.events.last().map_or(1, |e| e.seq + 1),
             kind: kind.to_string(),
             data,
         };
-        let mut file = OpenOptions::new()
-            .append(true)
-            .open(&log.path)
-            .map_err(io(&log.path))?;
         write_line(&mut file, &Line::Event(event.clone())).map_err(io(&log.path))?;
         // Our own line is consumed by the next read like anyone else's.
         read_more(&log.path, &mut state, false)?;
         Ok(event.seq)
     }
+}
+
+/// Opens a log for appending, holding its exclusive lock (`flock`) until the file is
+/// dropped.
+fn lock_for_append(path: &Path) -> Result<File, SessionError> {
+    let file = OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(io(path))?;
+    file.lock().map_err(io(path))?;
+    Ok(file)
 }
 
 fn write_line(file: &mut File, line: &Line) -> std::io::Result<()> {
@@ -269,7 +280,9 @@ fn write_line(file: &mut File, line: &Line) -> std::io::Result<()> {
 /// cut off; any other corrupt line is an error naming file and line.
 fn replay(path: &Path) -> Result<Log, SessionError> {
     let mut state = LogState::default();
+    let lock = lock_for_append(path)?;
     read_more(path, &mut state, true)?;
+    drop(lock);
     let info = state.header.clone().ok_or_else(|| SessionError::Corrupt {
         path: path.to_path_buf(),
         line: 1,
@@ -283,8 +296,9 @@ fn replay(path: &Path) -> Result<Log, SessionError> {
 }
 
 /// Reads the complete lines appended since `state.consumed`. A last line without its
-/// newline is an append in progress (left for later) or, when `cut_torn_tail`, the remains
-/// of a crash (reported and cut off).
+/// newline is an append in progress (left for later) or, when `cut_torn_tail` (the caller
+/// holds the log's lock, so no append is in progress), the remains of a crash (reported
+/// and cut off).
 fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(), SessionError> {
     use std::io::{Seek, SeekFrom};
     let mut file = File::open(path).map_err(io(path))?;
@@ -410,6 +424,65 @@ mod tests {
         let again = SessionStore::new(state.path());
         assert_eq!(again.events(&info.id, None).unwrap().len(), 2);
         assert_eq!(watcher.events(&info.id, None).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_crash_seen_by_a_store_that_already_has_the_log_open_is_cut_before_its_append() {
+        let state = tempfile::tempdir().unwrap();
+        let cwd = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(state.path());
+        let info = store.create(cwd.path()).unwrap();
+        store.append(&info.id, "a", serde_json::json!(1)).unwrap();
+        // Another process crashes mid-append while this store has the log open.
+        let path = store.path_of(&info.id);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"type\":\"event\",\"seq\":2,").unwrap();
+        drop(f);
+        assert_eq!(
+            store.append(&info.id, "b", serde_json::json!(2)).unwrap(),
+            2
+        );
+        let fresh = SessionStore::new(state.path());
+        let kinds: Vec<String> = fresh
+            .events(&info.id, None)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["a", "b"]);
+    }
+
+    #[test]
+    fn appenders_in_separate_stores_keep_sequence_numbers_dense() {
+        let state = tempfile::tempdir().unwrap();
+        let cwd = tempfile::tempdir().unwrap();
+        let info = SessionStore::new(state.path()).create(cwd.path()).unwrap();
+        // Separate stores open the log separately, as separate processes do.
+        let seqs: Vec<u64> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4)
+                .map(|w| {
+                    let (dir, id) = (state.path(), &info.id);
+                    scope.spawn(move || {
+                        let store = SessionStore::new(dir);
+                        (0..25)
+                            .map(|i| store.append(id, "n", serde_json::json!([w, i])).unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        let mut sorted = seqs.clone();
+        sorted.sort();
+        assert_eq!(sorted, (1..=100).collect::<Vec<u64>>());
+        let events = SessionStore::new(state.path())
+            .events(&info.id, None)
+            .unwrap();
+        let on_disk: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(on_disk, (1..=100).collect::<Vec<u64>>());
     }
 
     #[test]
