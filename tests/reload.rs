@@ -361,6 +361,36 @@ fn session_mode_switches_survive_a_reload_of_the_policy_owner() {
     rt.shutdown();
 }
 
+/// Runs `cordis services` until its report on the running host satisfies `want`; returns
+/// that report (the lines from `running:` on).
+fn running_services(s: &cordis_e2e::Scratch, want: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = s.run(&["services", "--plugin-path", "plugins"]);
+        out.expect_code(0);
+        let stdout = out.stdout();
+        let running = stdout[stdout.find("running:").expect("a running: section")..].to_string();
+        if want(&running) {
+            return running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cordis services never showed it:\n{running}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The generation `cordis services` reports for entry `id`.
+fn generation_of(running: &str, id: &str) -> u64 {
+    let line = running
+        .lines()
+        .find(|l| l.starts_with(&format!("  {id}: ")))
+        .unwrap_or_else(|| panic!("no entry {id} in:\n{running}"));
+    let rest = &line[line.find("generation ").expect("a generation") + "generation ".len()..];
+    rest.split(' ').next().unwrap().parse().expect("a number")
+}
+
 #[test]
 fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
     let (s, lib) = reload_project(1, "- name: fixture-reload\n  config:\n    greeting: hi\n");
@@ -372,6 +402,10 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
         mcp.call("reload-version", serde_json::json!({})),
         (false, "build 1, greeting hi".into())
     );
+    let pid = format!("running: pid {},", mcp.pid());
+    let first = running_services(&s, |r| r.starts_with(&pid));
+    assert!(first.contains(", 0 reloads\n"), "{first}");
+    let g1 = generation_of(&first, "fixture-reload");
 
     replace_file(&fixture_reload_build(2), &lib);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -387,6 +421,11 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    let second = running_services(&s, |r| r.contains(", 1 reload\n"));
+    assert!(
+        generation_of(&second, "fixture-reload") > g1,
+        "a rebuilt library runs on a new generation:\n{first}\n{second}"
+    );
 
     s.manifest("- name: fixture-reload\n  config:\n    greeting: hi\n- name: cordis-example\n");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -414,5 +453,11 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
         "no tools/list_changed notification: {:?}",
         mcp.notifications
     );
+    let third = running_services(&s, |r| r.contains(", 2 reloads\n"));
+    assert!(
+        third.contains("  cordis-example: plugin cordis-example "),
+        "{third}"
+    );
     assert!(mcp.finish().success());
+    running_services(&s, |r| r.starts_with("running: no `cordis run`"));
 }

@@ -16,6 +16,7 @@ pub mod runtime;
 pub mod scaffold;
 pub mod schema;
 pub mod sessions;
+pub mod status;
 pub mod watch;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -11,6 +12,7 @@ use cordis_host::mcp::{serve_stdio_with, McpOptions, ToolListNotifier};
 use cordis_host::plan::{Plan, Provider};
 use cordis_host::registry::Registry;
 use cordis_host::runtime::Runtime;
+use cordis_host::status::{self, HostStatus};
 use cordis_host::Host;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::CallContext;
@@ -56,7 +58,8 @@ enum Command {
     /// Load the composition and serve its tools over MCP on stdio until the client
     /// disconnects or SIGINT/SIGTERM; reload changed plugins and cordis.yml while serving.
     Run(RunArgs),
-    /// Apply the composition and print the service registry.
+    /// Apply the composition and print the service registry, then the entries and library
+    /// generations of every running `cordis run` serving the same manifest.
     Services,
     /// Apply the composition and list the registered tools with their input schemas.
     Tools,
@@ -179,7 +182,7 @@ fn main() -> ExitCode {
         Command::Check { format } => check(&host, format),
         Command::Schema(args) => schema(&host, args),
         Command::Run(args) => run(host, &state_dir, args),
-        Command::Services => services(&host),
+        Command::Services => services(&host, &state_dir),
         Command::Tools => tools(&host),
         Command::Call(args) => return call(host, args),
         Command::Session(cmd) => session(host, cmd),
@@ -328,10 +331,21 @@ fn describe_plan(plan: &Plan) -> String {
     out
 }
 
-fn services(host: &Host) -> anyhow::Result<ExitCode> {
-    let (_plan, registry) = host.start()?;
-    print!("{}", describe_registry(&registry));
-    Ok(ExitCode::SUCCESS)
+/// The composition `cordis.yml` describes now, then the generations every running host
+/// serving it is on (those can differ: a host keeps its last valid composition).
+fn services(host: &Host, state_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let planned = host.start();
+    if let Ok((_plan, registry)) = &planned {
+        print!("{}", describe_registry(registry));
+    }
+    let running = HostStatus::live(state_dir, &host.manifest);
+    if running.is_empty() {
+        println!("running: no `cordis run` is serving this manifest");
+    }
+    for status in running {
+        print!("{status}");
+    }
+    planned.map(|_| ExitCode::SUCCESS)
 }
 
 fn describe_registry(registry: &Registry) -> String {
@@ -394,7 +408,8 @@ fn tools(host: &Host) -> anyhow::Result<ExitCode> {
 }
 
 fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Result<ExitCode> {
-    let copies_dir = state_dir.join("run").join(std::process::id().to_string());
+    let copies_dir = status::run_dir(state_dir, std::process::id());
+    let manifest = host.manifest.clone();
     if !args.no_watch {
         // Every generation loads from its own copy, so a rebuilt file is a new library.
         host.options.copies = Some(std::sync::Arc::new(Copies::new(&copies_dir)));
@@ -407,10 +422,30 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
             return Err(e);
         }
     };
+    let mut status = HostStatus::new(&manifest);
+    status.update(&runtime.composition());
+    if let Err(e) = status.write(state_dir) {
+        tracing::warn!("cannot write the host status for `cordis services`: {e}");
+    }
+    let status = Mutex::new(status);
     let notifier = ToolListNotifier::default();
     {
         let notifier = notifier.clone();
-        runtime.on_tools_changed(move || notifier.notify_tools_changed());
+        let (weak, state_dir) = (Arc::downgrade(&runtime), state_dir.to_path_buf());
+        runtime.on_reloaded(move |report| {
+            if report.tools_changed {
+                notifier.notify_tools_changed();
+            }
+            let Some(runtime) = weak.upgrade() else {
+                return;
+            };
+            let mut status = status.lock().unwrap_or_else(|e| e.into_inner());
+            status.reloads += 1;
+            status.update(&runtime.composition());
+            if let Err(e) = status.write(&state_dir) {
+                tracing::warn!("cannot write the host status for `cordis services`: {e}");
+            }
+        });
     }
     if !args.no_watch {
         cordis_host::watch::spawn(runtime.clone()).context("failed to watch for changes")?;

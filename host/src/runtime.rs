@@ -51,7 +51,7 @@ impl Composition {
     }
 }
 
-type Listener = Box<dyn Fn() + Send + Sync>;
+type Listener = Box<dyn Fn(&ReloadReport) + Send + Sync>;
 
 /// A host with its composition applied.
 pub struct Runtime {
@@ -60,7 +60,7 @@ pub struct Runtime {
     composition: Mutex<Composition>,
     /// Held by a reload; `true` once the runtime was shut down (no reload after that).
     reloading: Mutex<bool>,
-    tool_listeners: Mutex<Vec<Listener>>,
+    reload_listeners: Mutex<Vec<Listener>>,
 }
 
 /// Something taken out of the composition (a tool, service handles) together with the
@@ -148,13 +148,13 @@ impl Runtime {
             host,
             composition: Mutex::new(Composition::new(plan, registry)),
             reloading: Mutex::new(false),
-            tool_listeners: Mutex::new(Vec::new()),
+            reload_listeners: Mutex::new(Vec::new()),
         }))
     }
 
-    /// Calls `listener` after every reload that changed the tool list.
-    pub fn on_tools_changed(&self, listener: impl Fn() + Send + Sync + 'static) {
-        self.tool_listeners
+    /// Calls `listener` after every reload that changed something, with its report.
+    pub fn on_reloaded(&self, listener: impl Fn(&ReloadReport) + Send + Sync + 'static) {
+        self.reload_listeners
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Box::new(listener));
@@ -287,14 +287,14 @@ impl Runtime {
         };
         drop(c);
         report.millis = started.elapsed().as_millis();
-        if report.tools_changed {
+        if !report.is_empty() {
             for listener in self
-                .tool_listeners
+                .reload_listeners
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .iter()
             {
-                listener();
+                listener(&report);
             }
         }
         Ok(report)
