@@ -461,3 +461,32 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
     assert!(mcp.finish().success());
     running_services(&s, |r| r.starts_with("running: no `cordis run`"));
 }
+
+#[test]
+fn reading_a_library_is_not_a_change() {
+    // Other processes load the libraries, and every reload reads them itself: if reads
+    // counted as changes, an idle host would re-plan forever.
+    let (s, lib) = reload_project(1, "- name: fixture-reload\n");
+    let log_path = s.path().join("run.log");
+    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
+    cmd.env("RUST_LOG", "cordis_host=debug")
+        .stderr(std::fs::File::create(&log_path).expect("create the log"));
+    let mut mcp = McpStdio::start(cmd);
+    for _ in 0..3 {
+        std::fs::read(&lib).expect("read the library");
+        s.run(&["check", "--plugin-path", "plugins"]).expect_code(0);
+    }
+    // Longer than the quiet period and a reload.
+    std::thread::sleep(cordis_host::watch::QUIET * 3);
+    assert_eq!(
+        mcp.call("reload-version", serde_json::json!({})),
+        (false, "build 1, greeting ".into())
+    );
+    assert!(mcp.finish().success());
+    let log = std::fs::read_to_string(&log_path).expect("read the log");
+    assert!(
+        !log.contains("files changed but the composition did not") && !log.contains("reload:"),
+        "reads triggered reloads:\n{log}"
+    );
+    assert!(log.contains("mcp session"), "the log was captured:\n{log}");
+}

@@ -75,21 +75,67 @@ fn workspace_profiles() -> String {
     out
 }
 
+/// A plugin crate `name` made by `cordis new` in a scratch directory, set up to build into
+/// the workspace's target directory with the workspace's profiles and lock file.
+struct Scaffold {
+    scratch: Scratch,
+    /// The crate.
+    dir: PathBuf,
+    /// Where its library is built.
+    library: PathBuf,
+    /// What `cordis new` printed.
+    printed: String,
+}
+
+impl Scaffold {
+    fn new(name: &str) -> Self {
+        let scratch = Scratch::new();
+        scratch.write(".cargo/config.toml", &workspace_profiles());
+        let created = run(
+            {
+                let mut c = scratch.cordis(&["new", name]);
+                c.env("CARGO_TARGET_DIR", cargo_target());
+                c
+            },
+            true,
+        );
+        let dir = scratch.path().join(name);
+        std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock"))
+            .expect("copy Cargo.lock");
+        Scaffold {
+            library: target_dir().join(cordis_host::loader::library_file_name(name)),
+            printed: text(&created),
+            scratch,
+            dir,
+        }
+    }
+
+    /// Rewrites `src/lib.rs` with `edit`.
+    fn edit(&self, edit: impl FnOnce(String) -> String) {
+        let path = self.dir.join("src/lib.rs");
+        let before = std::fs::read_to_string(&path).expect("read src/lib.rs");
+        let after = edit(before.clone());
+        assert_ne!(before, after, "the edit changed nothing");
+        std::fs::write(&path, after).expect("write src/lib.rs");
+    }
+}
+
+impl Drop for Scaffold {
+    fn drop(&mut self) {
+        // Leave the shared output directory with the workspace's plugins only.
+        let _ = std::fs::remove_file(&self.library);
+    }
+}
+
 #[test]
 fn cordis_new_builds_checks_answers_and_tests() {
-    let scratch = Scratch::new();
-    scratch.write(".cargo/config.toml", &workspace_profiles());
-    let created = run(
-        {
-            let mut c = scratch.cordis(&["new", "hello-cordis"]);
-            c.env("CARGO_TARGET_DIR", cargo_target());
-            c
-        },
-        true,
-    );
-    let dir = scratch.path().join("hello-cordis");
-    let library = target_dir().join(cordis_host::loader::library_file_name("hello-cordis"));
-    let printed = text(&created);
+    let Scaffold {
+        ref scratch,
+        ref dir,
+        ref library,
+        ref printed,
+    } = Scaffold::new("hello-cordis");
+    let (dir, library) = (dir.clone(), library.clone());
     for needle in [
         "created plugin crate `hello-cordis`",
         "- name: hello-cordis\n",
@@ -108,8 +154,6 @@ fn cordis_new_builds_checks_answers_and_tests() {
     ] {
         assert!(manifest.contains(needle), "lacks {needle:?}:\n{manifest}");
     }
-    std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock"))
-        .expect("copy Cargo.lock");
 
     with_build_lock(|| {
         run(cargo(&dir, &["build"]), true);
@@ -134,8 +178,95 @@ fn cordis_new_builds_checks_answers_and_tests() {
 
         let tested = text(&run(cargo(&dir, &["test"]), true));
         assert!(tested.contains("test result: ok. 3 passed"), "{tested}");
-        // Leave the shared output directory with the workspace's plugins only.
-        std::fs::remove_file(&library).expect("remove the scaffold's library");
+    });
+}
+
+/// Waits (up to 60 s) until `f` returns `Some`.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn cordis_run_dev_rebuilds_an_edited_plugin_and_survives_a_broken_edit() {
+    let plugin = Scaffold::new("dev-cordis");
+    let log_path = plugin.scratch.path().join("run.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    /// Shows the host's log when the test fails.
+    struct ShowLog(PathBuf);
+    impl Drop for ShowLog {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+                eprintln!("--- cordis run --dev log ---\n{log}");
+            }
+        }
+    }
+    let _show = ShowLog(log_path.clone());
+    with_build_lock(|| {
+        run(cargo(&plugin.dir, &["build"]), true);
+        let mut cmd = plugin.scratch.cordis(&["run", "--dev"]);
+        cmd.current_dir(&plugin.dir)
+            .env("CARGO_TARGET_DIR", cargo_target())
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log_path).expect("create the log"));
+        let mut mcp = cordis_e2e::McpStdio::start(cmd);
+        let mut greet = || mcp.call("dev_cordis_greet", json!({"name": "Ada"}));
+        assert_eq!(greet(), (false, "hello, Ada!".to_string()));
+        eventually("the source watcher", || {
+            log()
+                .contains("dev: rebuilding dev-cordis on every change")
+                .then_some(())
+        });
+
+        // Saving a source file is enough: cordis builds it and reloads.
+        plugin.edit(|src| src.replace(r#""{}, {name}!""#, r#""{}, {name}! (edited)""#));
+        eventually("the edited build", || {
+            let (is_error, text) = greet();
+            assert!(!is_error, "a call failed during the rebuild: {text}");
+            (text == "hello, Ada! (edited)").then_some(())
+        });
+
+        // A broken edit: the build fails loudly and the last good build keeps serving.
+        plugin.edit(|src| {
+            format!(
+                "{src}
+fn broken( {{
+"
+            )
+        });
+        eventually("the failed build", || {
+            log()
+                .contains("dev: cargo build of dev-cordis failed")
+                .then_some(())
+        });
+        assert_eq!(greet(), (false, "hello, Ada! (edited)".to_string()));
+
+        // Fixing it recovers.
+        plugin.edit(|src| {
+            src.replace("\nfn broken( {\n", "")
+                .replace("(edited)", "(fixed)")
+        });
+        eventually("the fixed build", || {
+            let (_, text) = greet();
+            (text == "hello, Ada! (fixed)").then_some(())
+        });
+        assert!(mcp.finish().success());
+        let log = log();
+        assert!(
+            log.contains("unclosed delimiter"),
+            "cargo's error is shown:\n{log}"
+        );
+        assert!(log.contains("reload: "), "{log}");
     });
 }
 

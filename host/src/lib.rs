@@ -6,6 +6,7 @@
 //! call tools in a session from [`sessions`].
 
 pub mod approval;
+pub mod dev;
 pub mod diag;
 pub mod loader;
 pub mod manifest;

@@ -86,8 +86,12 @@ enum Command {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Do not watch cordis.yml and the plugin libraries for changes.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dev")]
     no_watch: bool,
+    /// Also watch the sources of the cargo project cordis.yml lives in, run `cargo build`
+    /// for the loaded plugins when one changes, and reload when the build finishes.
+    #[arg(long)]
+    dev: bool,
     /// Serve this existing session instead of a new one.
     #[arg(long, conflicts_with = "cwd")]
     session: Option<String>,
@@ -447,8 +451,24 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
             }
         });
     }
-    if !args.no_watch {
-        cordis_host::watch::spawn(runtime.clone()).context("failed to watch for changes")?;
+    let watching = || -> anyhow::Result<()> {
+        if !args.no_watch {
+            cordis_host::watch::spawn(runtime.clone()).context("failed to watch for changes")?;
+        }
+        if args.dev {
+            let dir = manifest
+                .canonicalize()
+                .ok()
+                .and_then(|m| m.parent().map(std::path::Path::to_path_buf))
+                .unwrap_or_else(|| PathBuf::from("."));
+            cordis_host::dev::spawn(runtime.clone(), &dir).context("`--dev` cannot start")?;
+        }
+        Ok(())
+    };
+    if let Err(e) = watching() {
+        runtime.shutdown();
+        let _ = std::fs::remove_dir_all(&copies_dir);
+        return Err(e);
     }
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -60,6 +60,8 @@ pub struct Runtime {
     composition: Mutex<Composition>,
     /// Held by a reload; `true` once the runtime was shut down (no reload after that).
     reloading: Mutex<bool>,
+    /// Held while reloads must wait (a `--dev` build writing libraries one by one).
+    held: Mutex<()>,
     reload_listeners: Mutex<Vec<Listener>>,
 }
 
@@ -148,8 +150,14 @@ impl Runtime {
             host,
             composition: Mutex::new(Composition::new(plan, registry)),
             reloading: Mutex::new(false),
+            held: Mutex::new(()),
             reload_listeners: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Makes every reload wait until the guard is dropped.
+    pub fn hold_reloads(&self) -> MutexGuard<'_, ()> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Calls `listener` after every reload that changed something, with its report.
@@ -174,6 +182,7 @@ impl Runtime {
     /// every entry that injects a restarted or removed provider is restarted after it.
     /// An invalid composition or a failed apply leaves the previous one running.
     pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        drop(self.hold_reloads());
         let shut_down = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         if *shut_down {
             return Ok(ReloadReport::default());

@@ -6,35 +6,63 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify_debouncer_mini::notify::RecursiveMode;
-use notify_debouncer_mini::{new_debouncer, DebounceEventResult};
+use notify::event::{AccessKind, AccessMode};
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
 use crate::runtime::{ReloadError, Runtime};
 
 /// How long the watched files must be quiet before a reload starts.
 pub const QUIET: Duration = Duration::from_millis(400);
 
+/// A watcher that sends the paths of every change to `tx`. Reads are not changes: the
+/// host reads the libraries itself on every reload (and other `cordis` processes load
+/// them), so counting reads would keep an idle host re-planning forever.
+pub(crate) fn change_watcher(tx: Sender<Vec<PathBuf>>) -> notify::Result<RecommendedWatcher> {
+    notify::recommended_watcher(move |event: notify::Result<Event>| match event {
+        Ok(e) if is_change(&e.kind) => {
+            let _ = tx.send(e.paths);
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("file watcher: {e}"),
+    })
+}
+
+fn is_change(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+/// The next batch of changed paths: waits for a change, then until the watched files have
+/// been quiet for [`QUIET`] (a trailing-edge debounce). `None` when the watcher is gone.
+pub(crate) fn next_batch(rx: &Receiver<Vec<PathBuf>>) -> Option<BTreeSet<PathBuf>> {
+    let mut changed: BTreeSet<PathBuf> = rx.recv().ok()?.into_iter().collect();
+    loop {
+        match rx.recv_timeout(QUIET) {
+            Ok(more) => changed.extend(more),
+            Err(RecvTimeoutError::Timeout) => return Some(changed),
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+}
+
 /// Watches `runtime`'s files on a background thread until the process ends.
 pub fn spawn(runtime: Arc<Runtime>) -> anyhow::Result<()> {
     let (tx, rx) = channel::<Vec<PathBuf>>();
-    let mut debouncer =
-        new_debouncer(QUIET / 4, move |result: DebounceEventResult| match result {
-            Ok(events) => {
-                let _ = tx.send(events.into_iter().map(|e| e.path).collect());
-            }
-            Err(e) => tracing::warn!("file watcher: {e}"),
-        })?;
+    let mut watcher = change_watcher(tx)?;
     let mut watched_dirs: BTreeSet<PathBuf> = BTreeSet::new();
     let mut watch_all = move |runtime: &Runtime, dirs: &mut BTreeSet<PathBuf>| {
         for dir in parent_dirs(&runtime.watched_files()) {
             if dirs.contains(&dir) {
                 continue;
             }
-            match debouncer.watcher().watch(&dir, RecursiveMode::NonRecursive) {
+            match watcher.watch(&dir, RecursiveMode::NonRecursive) {
                 Ok(()) => {
                     dirs.insert(dir);
                 }
@@ -45,40 +73,38 @@ pub fn spawn(runtime: Arc<Runtime>) -> anyhow::Result<()> {
     watch_all(&runtime, &mut watched_dirs);
     std::thread::Builder::new()
         .name("cordis-watch".into())
-        .spawn(move || loop {
-            let Ok(first) = rx.recv() else { return };
-            let mut changed: BTreeSet<PathBuf> = first.into_iter().collect();
-            // Trailing-edge debounce over every path: wait until quiet.
-            loop {
-                match rx.recv_timeout(QUIET) {
-                    Ok(more) => changed.extend(more),
-                    Err(RecvTimeoutError::Timeout) => break,
-                    Err(RecvTimeoutError::Disconnected) => return,
+        .spawn(move || {
+            while let Some(changed) = next_batch(&rx) {
+                let relevant: BTreeSet<PathBuf> = runtime
+                    .watched_files()
+                    .iter()
+                    .filter_map(|f| normalized(f))
+                    .collect();
+                if !changed
+                    .iter()
+                    .any(|p| relevant.contains(p) || is_library(p))
+                {
+                    tracing::trace!("ignored changes: {changed:?}");
+                    continue;
                 }
+                reload_and_log(&runtime);
+                watch_all(&runtime, &mut watched_dirs);
             }
-            let relevant: BTreeSet<PathBuf> = runtime
-                .watched_files()
-                .iter()
-                .filter_map(|f| normalized(f))
-                .collect();
-            if !changed
-                .iter()
-                .any(|p| relevant.contains(p) || is_library(p))
-            {
-                tracing::trace!("ignored changes: {changed:?}");
-                continue;
-            }
-            match runtime.reload() {
-                Ok(report) if report.is_empty() => {
-                    tracing::debug!("files changed but the composition did not")
-                }
-                Ok(report) => tracing::info!("{report}"),
-                Err(e @ ReloadError::Invalid(_)) => tracing::error!("{e}"),
-                Err(e) => tracing::error!("reload failed: {e}"),
-            }
-            watch_all(&runtime, &mut watched_dirs);
         })?;
     Ok(())
+}
+
+/// Reloads `runtime` and logs the outcome: one line for a change, the errors for a
+/// refused one.
+pub(crate) fn reload_and_log(runtime: &Runtime) {
+    match runtime.reload() {
+        Ok(report) if report.is_empty() => {
+            tracing::debug!("files changed but the composition did not")
+        }
+        Ok(report) => tracing::info!("{report}"),
+        Err(e @ ReloadError::Invalid(_)) => tracing::error!("{e}"),
+        Err(e) => tracing::error!("reload failed: {e}"),
+    }
 }
 
 fn is_library(p: &Path) -> bool {
