@@ -306,3 +306,27 @@ fn a_plugin_printing_to_stdout_cannot_corrupt_the_mcp_stream() {
     );
     assert!(mcp.finish().success());
 }
+
+#[test]
+fn two_entries_of_one_library_log_under_their_own_ids() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: cordis-example\n\
+         - name: fixture-greeter-consumer\n  id: first\n  config:\n    tool: greet-first\n\
+         - name: fixture-greeter-consumer\n  id: second\n  config:\n    tool: greet-second\n",
+    );
+    // `first` was applied before `second`: its calls must not log under the later id.
+    for (tool, id, other) in [
+        ("greet-first", "first", "second"),
+        ("greet-second", "second", "first"),
+    ] {
+        let run = s.run_with_log(&["call", tool, r#"{"name": "Ada"}"#], "info");
+        run.expect_code(0)
+            .expect_output(&["hello, Ada", &format!("[{id}] greeting Ada")]);
+        assert!(
+            !run.stderr().contains(&format!("[{other}] greeting")),
+            "{}",
+            run.stderr()
+        );
+    }
+}

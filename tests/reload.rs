@@ -61,6 +61,31 @@ fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
         new > old,
         "the rebuilt library is a new generation: {report}"
     );
+    // The old generation left the process (nothing references it any more) and its
+    // private copy is gone; the new one is mapped.
+    let copy = |g: &u64| {
+        format!(
+            "/g{g}-{}",
+            cordis_host::loader::library_file_name("fixture-reload")
+        )
+    };
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    assert!(
+        !maps.contains(&copy(old)),
+        "generation {old} is still mapped"
+    );
+    assert!(
+        maps.contains(&copy(new)),
+        "generation {new} is not mapped:\n{maps}"
+    );
+    let copies: Vec<String> = std::fs::read_dir(s.path().join("state/run"))
+        .expect("the copies directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !copies.iter().any(|c| format!("/{c}") == copy(old)),
+        "the copy of generation {old} is left: {copies:?}"
+    );
     assert!(
         report.added.is_empty() && report.removed.is_empty(),
         "{report}"

@@ -2,6 +2,7 @@
 //! would never reach the host's subscriber. The SDK installs a tiny subscriber in the plugin
 //! that forwards every enabled event to the host's logger through the ABI.
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::sync::{Once, RwLock};
 
@@ -12,8 +13,42 @@ use tracing::{Event, Level, Metadata, Subscriber};
 
 use crate::abi::LoggerBox;
 
+/// The logger of the entry applied last: where events go from threads the plugin spawned
+/// itself.
 static LOGGER: RwLock<Option<LoggerBox>> = RwLock::new(None);
 static INSTALL: Once = Once::new();
+
+thread_local! {
+    /// The logger of the entry whose code this thread is running (set while the host calls
+    /// into an instance, a service or a tool), so that two entries of one library log under
+    /// their own ids. A raw pointer: no destructor is registered, which would pin the
+    /// library in the process.
+    static CURRENT: Cell<*const LoggerBox> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with `logger` as this thread's destination for log events (restored after).
+pub(crate) fn with_logger<T>(logger: &LoggerBox, f: impl FnOnce() -> T) -> T {
+    struct Restore(*const LoggerBox);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.replace(logger)));
+    f()
+}
+
+/// Calls `f` with the logger for an event on this thread.
+fn with_current<T>(f: impl FnOnce(Option<&LoggerBox>) -> T) -> T {
+    let current = CURRENT.with(Cell::get);
+    if !current.is_null() {
+        // SAFETY: set only by `with_logger`, whose borrow outlives every use on this thread
+        // (the pointer is restored before it returns).
+        return f(Some(unsafe { &*current }));
+    }
+    let guard = LOGGER.read().unwrap_or_else(|e| e.into_inner());
+    f(guard.as_ref())
+}
 
 /// Routes this library's `tracing` events to `logger` (the host tags them with the plugin).
 pub(crate) fn install(logger: LoggerBox) {
@@ -50,10 +85,7 @@ struct Bridge;
 
 impl Subscriber for Bridge {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        match &*LOGGER.read().unwrap_or_else(|e| e.into_inner()) {
-            Some(logger) => logger.enabled(level_number(metadata.level())),
-            None => false,
-        }
+        with_current(|logger| logger.is_some_and(|l| l.enabled(level_number(metadata.level()))))
     }
 
     fn new_span(&self, _span: &Attributes<'_>) -> Id {
@@ -65,16 +97,17 @@ impl Subscriber for Bridge {
     fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
-        let guard = LOGGER.read().unwrap_or_else(|e| e.into_inner());
-        let Some(logger) = &*guard else { return };
-        let mut text = MessageText::default();
-        event.record(&mut text);
-        let meta = event.metadata();
-        logger.log(
-            level_number(meta.level()),
-            RStr::from(meta.target()),
-            RStr::from(text.0.as_str()),
-        );
+        with_current(|logger| {
+            let Some(logger) = logger else { return };
+            let mut text = MessageText::default();
+            event.record(&mut text);
+            let meta = event.metadata();
+            logger.log(
+                level_number(meta.level()),
+                RStr::from(meta.target()),
+                RStr::from(text.0.as_str()),
+            );
+        });
     }
 
     fn enter(&self, _span: &Id) {}

@@ -13,11 +13,12 @@ use schemars::JsonSchema;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::abi::{
-    HostCtx, InjectDecl, InstanceBox, InstanceObj, InstanceObj_TO, PluginMeta, PluginMod,
-    PluginModRef, RError, Reconfigured, ServiceBox, ServiceDecl, ToolDecl, ToolObj, ToolObj_TO,
-    ToolOutput,
+    HostCtx, InjectDecl, InstanceBox, InstanceObj, InstanceObj_TO, LoggerBox, PluginMeta,
+    PluginMod, PluginModRef, RError, Reconfigured, ServiceBox, ServiceDecl, ServiceObj,
+    ServiceObj_TO, ToolDecl, ToolObj, ToolObj_TO, ToolOutput,
 };
 use crate::error::{codes, from_panic, Error, Result};
+use crate::log::with_logger;
 use crate::service::{Interface, Service};
 
 /// A plugin: metadata declared in code, applied with a typed config.
@@ -166,6 +167,7 @@ type ToolHandler = dyn Fn(&CallContext, serde_json::Value) -> Result<ToolResult>
 struct ToolDispatcher {
     name: String,
     handler: Arc<ToolHandler>,
+    logger: LoggerBox,
 }
 
 impl ToolObj for ToolDispatcher {
@@ -178,7 +180,7 @@ impl ToolObj for ToolDispatcher {
             })?;
             (self.handler)(&context, args)
         };
-        match catch_unwind(AssertUnwindSafe(run)) {
+        match with_logger(&self.logger, || catch_unwind(AssertUnwindSafe(run))) {
             Ok(Ok(r)) => RResult::ROk(ToolOutput {
                 is_error: r.is_error,
                 text: r.text.into(),
@@ -198,6 +200,7 @@ pub struct Context<'a> {
     host: HostCtx<'a>,
     metadata: Metadata,
     disposers: Vec<Disposer>,
+    logger: LoggerBox,
 }
 
 impl<'a> Context<'a> {
@@ -240,6 +243,13 @@ impl<'a> Context<'a> {
 
     /// Provides service `name` (declared with [`Metadata::provides`]).
     pub fn provide(&mut self, name: &str, service: ServiceBox) -> Result<()> {
+        let service = ServiceObj_TO::from_ptr(
+            RArc::new(Logged {
+                service,
+                logger: self.logger.clone(),
+            }),
+            TD_Opaque,
+        );
         self.host
             .provide(RStr::from(name), service)
             .into_result()
@@ -260,6 +270,7 @@ impl<'a> Context<'a> {
             RArc::new(ToolDispatcher {
                 name: tool.name,
                 handler: Arc::new(handler),
+                logger: self.logger.clone(),
             }),
             TD_Opaque,
         );
@@ -281,27 +292,51 @@ fn run_disposers(disposers: &mut Vec<Disposer>) {
     }
 }
 
+/// A provided service whose calls log under the providing entry's id.
+#[derive(Clone)]
+struct Logged {
+    service: ServiceBox,
+    logger: LoggerBox,
+}
+
+impl ServiceObj for Logged {
+    fn interface(&self) -> ServiceDecl {
+        self.service.interface()
+    }
+
+    fn call(&self, method: RStr<'_>, args: RStr<'_>) -> RResult<RString, RError> {
+        with_logger(&self.logger, || self.service.call(method, args))
+    }
+}
+
 struct Instance<P> {
     plugin: Option<P>,
     disposers: Vec<Disposer>,
+    logger: LoggerBox,
 }
 
 impl<P: Plugin> InstanceObj for Instance<P> {
     fn dispose(&mut self) -> RResult<(), RError> {
-        guard("dispose", || {
-            run_disposers(&mut self.disposers);
-            drop(self.plugin.take());
-            Ok(())
+        let logger = self.logger.clone();
+        with_logger(&logger, || {
+            guard("dispose", || {
+                run_disposers(&mut self.disposers);
+                drop(self.plugin.take());
+                Ok(())
+            })
         })
     }
 
     fn reconfigure(&mut self, config: RStr<'_>) -> RResult<Reconfigured, RError> {
-        guard("reconfigure", || {
-            let config = parse_config::<P>(config.as_str())?;
-            match self.plugin.as_mut() {
-                Some(p) => p.reconfigure(config),
-                None => Ok(Reconfigured::Restart),
-            }
+        let logger = self.logger.clone();
+        with_logger(&logger, || {
+            guard("reconfigure", || {
+                let config = parse_config::<P>(config.as_str())?;
+                match self.plugin.as_mut() {
+                    Some(p) => p.reconfigure(config),
+                    None => Ok(Reconfigured::Restart),
+                }
+            })
         })
     }
 }
@@ -345,31 +380,36 @@ extern "C" fn apply<P: Plugin>(
     host: HostCtx<'_>,
     config: RStr<'_>,
 ) -> RResult<InstanceBox, RError> {
-    guard("apply", move || {
-        crate::log::install(host.logger());
-        let config = parse_config::<P>(config.as_str())?;
-        let mut ctx = Context {
-            host,
-            metadata: P::metadata(),
-            disposers: Vec::new(),
-        };
-        let outcome = catch_unwind(AssertUnwindSafe(|| P::apply(&mut ctx, config)));
-        let error = match outcome {
-            Ok(Ok(plugin)) => {
-                return Ok(InstanceObj_TO::from_value(
-                    Instance {
-                        plugin: Some(plugin),
-                        disposers: std::mem::take(&mut ctx.disposers),
-                    },
-                    TD_Opaque,
-                ))
-            }
-            Ok(Err(e)) => e,
-            Err(payload) => from_panic("apply", payload),
-        };
-        // Undo what the failed apply set up, even when it panicked half-way.
-        let _ = catch_unwind(AssertUnwindSafe(|| run_disposers(&mut ctx.disposers)));
-        Err(error)
+    let logger = host.logger();
+    crate::log::install(logger.clone());
+    with_logger(&logger.clone(), move || {
+        guard("apply", move || {
+            let config = parse_config::<P>(config.as_str())?;
+            let mut ctx = Context {
+                host,
+                metadata: P::metadata(),
+                disposers: Vec::new(),
+                logger,
+            };
+            let outcome = catch_unwind(AssertUnwindSafe(|| P::apply(&mut ctx, config)));
+            let error = match outcome {
+                Ok(Ok(plugin)) => {
+                    return Ok(InstanceObj_TO::from_value(
+                        Instance {
+                            plugin: Some(plugin),
+                            disposers: std::mem::take(&mut ctx.disposers),
+                            logger: ctx.logger.clone(),
+                        },
+                        TD_Opaque,
+                    ))
+                }
+                Ok(Err(e)) => e,
+                Err(payload) => from_panic("apply", payload),
+            };
+            // Undo what the failed apply set up, even when it panicked half-way.
+            let _ = catch_unwind(AssertUnwindSafe(|| run_disposers(&mut ctx.disposers)));
+            Err(error)
+        })
     })
 }
 
