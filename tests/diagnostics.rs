@@ -172,8 +172,7 @@ fn yaml_to_json(text: &str) -> serde_json::Value {
 #[test]
 fn the_schema_accepts_the_bundled_manifest_and_rejects_known_bad_ones() {
     let v = validator();
-    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
-        .expect("cordis.yml");
+    let bundled = cordis_e2e::bundled_manifest();
     let errors: Vec<String> = v
         .iter_errors(&yaml_to_json(&bundled))
         .map(|e| e.to_string())

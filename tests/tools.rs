@@ -1098,10 +1098,7 @@ fn empty_and_odd_values_get_clear_errors() {
 
 #[test]
 fn cordis_session_set_mode_from_another_process_governs_a_running_server() {
-    let s = Scratch::new();
-    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
-        .expect("bundled cordis.yml");
-    s.manifest(&bundled);
+    let s = Scratch::with_bundled_manifest();
     let project = s.path().join("project");
     std::fs::create_dir_all(&project).expect("project dir");
     let created = s.run(&["session", "new", "--cwd", "project"]);
@@ -1141,10 +1138,7 @@ fn cordis_session_set_mode_from_another_process_governs_a_running_server() {
 
 #[test]
 fn cordis_call_exit_codes_approval_flags_and_no_stray_sessions() {
-    let s = Scratch::new();
-    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
-        .expect("bundled cordis.yml");
-    s.manifest(&bundled);
+    let s = Scratch::with_bundled_manifest();
     let outside = Outside::new("call");
     let victim = outside.victim().display().to_string();
     let sessions = || s.run(&["session", "list"]).expect_code(0).stdout();

@@ -39,10 +39,7 @@ fn resident_kib(pid: u32) -> u64 {
 const CALLS: usize = 10_000;
 
 fn read_round_trips() {
-    let s = Scratch::new();
-    let bundled = std::fs::read_to_string(cordis_e2e::workspace_root().join("cordis.yml"))
-        .expect("bundled cordis.yml");
-    s.manifest(&bundled);
+    let s = Scratch::with_bundled_manifest();
     s.write("data.txt", &"0123456789abcdef".repeat(256));
     let args = serde_json::json!({ "path": "data.txt" });
 

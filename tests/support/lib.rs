@@ -116,6 +116,12 @@ pub fn replace_file(source: &Path, target: &Path) {
     std::fs::rename(&tmp, target).expect("rename into place");
 }
 
+/// The text of the bundled `cordis.yml`.
+pub fn bundled_manifest() -> String {
+    std::fs::read_to_string(workspace_root().join("cordis.yml"))
+        .expect("read the bundled cordis.yml")
+}
+
 /// The `cordis` binary.
 pub fn cordis_bin() -> PathBuf {
     build_workspace().join("cordis")
@@ -166,6 +172,13 @@ impl Scratch {
     /// Writes `cordis.yml`.
     pub fn manifest(&self, yaml: &str) -> PathBuf {
         self.write("cordis.yml", yaml)
+    }
+
+    /// A scratch directory whose `cordis.yml` is the bundled one.
+    pub fn with_bundled_manifest() -> Self {
+        let s = Scratch::new();
+        s.manifest(&bundled_manifest());
+        s
     }
 
     /// A `cordis` command run in this directory with its own state dir.
