@@ -213,7 +213,8 @@ fn cordis_run_dev_rebuilds_an_edited_plugin_and_survives_a_broken_edit() {
     }
     let _show = ShowLog(log_path.clone());
     with_build_lock(|| {
-        run(cargo(&plugin.dir, &["build"]), true);
+        // Never built (as right after `cordis new`): `--dev` builds it before loading.
+        let _ = std::fs::remove_file(&plugin.library);
         let mut cmd = plugin.scratch.cordis(&["run", "--dev"]);
         cmd.current_dir(&plugin.dir)
             .env("CARGO_TARGET_DIR", cargo_target())

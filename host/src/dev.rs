@@ -8,7 +8,8 @@
 //! `<target dir>/<profile dir>/lib<name>.so` is built by the workspace member with a
 //! `cdylib` target `<name>`, in the profile that writes into `<profile dir>`. Entries whose
 //! libraries this project does not build are reloaded when their files change but never
-//! rebuilt.
+//! rebuilt. Before the composition is loaded, one build brings the libraries up to date
+//! with the sources.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -22,7 +23,7 @@ use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher};
 use serde::Deserialize;
 
-use crate::loader::library_file_name;
+use crate::loader::{library_file_name, SearchPath};
 use crate::runtime::Runtime;
 use crate::watch::{change_watcher, next_batch, reload_and_log};
 
@@ -256,10 +257,42 @@ impl Project {
     }
 }
 
-/// Watches the sources of the cargo project containing `manifest_dir` and rebuilds and
-/// reloads `runtime`'s plugins on every change, on a background thread.
-pub fn spawn(runtime: Arc<Runtime>, manifest_dir: &Path) -> anyhow::Result<()> {
-    let project = Project::discover(manifest_dir)?;
+impl Project {
+    /// Builds the libraries the enabled entries of `manifest` name, before anything is
+    /// loaded, so `cordis run --dev` serves the current sources (and works before the first
+    /// `cargo build`). An entry without `path:` is looked up in `search`; one not found there
+    /// yet is built into the `dev` profile. Returns whether the build succeeded; an
+    /// unreadable manifest builds nothing (the composition's own check reports it).
+    pub fn build_for_manifest(&self, manifest: &Path, search: &SearchPath) -> bool {
+        let Ok(text) = std::fs::read_to_string(manifest) else {
+            return true;
+        };
+        let Ok(parsed) = crate::manifest::parse(&text) else {
+            return true;
+        };
+        let base = manifest.parent().unwrap_or(Path::new("."));
+        let entries: Vec<(String, PathBuf)> = parsed
+            .enabled()
+            .map(|e| {
+                let path = match &e.path {
+                    Some(p) => base.join(p),
+                    None => search.find(&e.plugin).unwrap_or_else(|_| {
+                        self.target_dir
+                            .join("debug")
+                            .join(library_file_name(&e.plugin))
+                    }),
+                };
+                (e.id.clone(), path)
+            })
+            .collect();
+        let (builds, _) = self.builds(&entries);
+        builds.is_empty() || self.build(&builds)
+    }
+}
+
+/// Watches the sources of `project` and rebuilds and reloads `runtime`'s plugins on every
+/// change, on a background thread.
+pub fn spawn(runtime: Arc<Runtime>, project: Project) -> anyhow::Result<()> {
     let entries = entry_libraries(&runtime);
     let (builds, notes) = project.builds(&entries);
     for note in notes {

@@ -418,6 +418,21 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         // Every generation loads from its own copy, so a rebuilt file is a new library.
         host.options.copies = Some(std::sync::Arc::new(Copies::new(&copies_dir)));
     }
+    // With `--dev`, the libraries are brought up to date with the sources first.
+    let project = if args.dev {
+        let dir = manifest
+            .canonicalize()
+            .ok()
+            .and_then(|m| m.parent().map(std::path::Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from("."));
+        let project = cordis_host::dev::Project::discover(&dir).context("`--dev` cannot start")?;
+        if !project.build_for_manifest(&manifest, &host.options.search) {
+            tracing::error!("dev: the first build failed; starting with the libraries on disk");
+        }
+        Some(project)
+    } else {
+        None
+    };
     let runtime = Runtime::start(host);
     let runtime = match runtime {
         Ok(r) => r,
@@ -455,13 +470,8 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         if !args.no_watch {
             cordis_host::watch::spawn(runtime.clone()).context("failed to watch for changes")?;
         }
-        if args.dev {
-            let dir = manifest
-                .canonicalize()
-                .ok()
-                .and_then(|m| m.parent().map(std::path::Path::to_path_buf))
-                .unwrap_or_else(|| PathBuf::from("."));
-            cordis_host::dev::spawn(runtime.clone(), &dir).context("`--dev` cannot start")?;
+        if let Some(project) = project {
+            cordis_host::dev::spawn(runtime.clone(), project).context("`--dev` cannot start")?;
         }
         Ok(())
     };
