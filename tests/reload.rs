@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cordis_e2e::{fixture_reload_build, reload_project, replace_file, McpStdio, Runtime};
-use cordis_host::runtime::ReloadError;
+use cordis_host::runtime::{ReloadError, ReloadReport};
 use cordis_sdk::{CallContext, SessionInfo};
 use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs};
 
@@ -32,6 +32,15 @@ fn call_with(rt: &Runtime, session: &SessionInfo, tool: &str, args: serde_json::
     r.text
 }
 
+/// The ids of the entries a reload restarted, in order.
+fn restarted_ids(report: &ReloadReport) -> Vec<&str> {
+    report
+        .restarted
+        .iter()
+        .map(|(id, _, _)| id.as_str())
+        .collect()
+}
+
 const THREE: &str = "- name: fixture-reload\n  config:\n    greeting: hi\n- name: fixture-reload-consumer\n- name: cordis-example\n";
 
 #[test]
@@ -46,11 +55,7 @@ fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
 
     replace_file(&fixture_reload_build(2), &lib);
     let report = rt.reload().expect("reload");
-    let restarted: Vec<&str> = report
-        .restarted
-        .iter()
-        .map(|(id, _, _)| id.as_str())
-        .collect();
+    let restarted = restarted_ids(&report);
     assert_eq!(
         restarted,
         ["fixture-reload", "fixture-reload-consumer"],
@@ -130,11 +135,7 @@ fn config_edits_are_taken_in_place_or_by_restart() {
 
     s.manifest(&manifest("c", false));
     let report = rt.reload().expect("reload");
-    let restarted: Vec<&str> = report
-        .restarted
-        .iter()
-        .map(|(id, _, _)| id.as_str())
-        .collect();
+    let restarted = restarted_ids(&report);
     assert_eq!(
         restarted,
         ["fixture-reload", "fixture-reload-consumer"],

@@ -442,10 +442,7 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         }
     };
     let mut status = HostStatus::new(&manifest);
-    status.update(&runtime.composition());
-    if let Err(e) = status.write(state_dir) {
-        tracing::warn!("cannot write the host status for `cordis services`: {e}");
-    }
+    status.publish(&runtime.composition(), state_dir);
     let status = Mutex::new(status);
     let notifier = ToolListNotifier::default();
     {
@@ -460,10 +457,7 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
             };
             let mut status = status.lock().unwrap_or_else(|e| e.into_inner());
             status.reloads += 1;
-            status.update(&runtime.composition());
-            if let Err(e) = status.write(&state_dir) {
-                tracing::warn!("cannot write the host status for `cordis services`: {e}");
-            }
+            status.publish(&runtime.composition(), &state_dir);
         });
     }
     let watching = || -> anyhow::Result<()> {

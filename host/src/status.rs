@@ -65,8 +65,16 @@ impl HostStatus {
         }
     }
 
-    /// Takes the entries of `composition`.
-    pub fn update(&mut self, composition: &Composition) {
+    /// Takes the entries of `composition` and writes the status file into `state_dir`; a
+    /// failure to write is logged (only `cordis services` misses it).
+    pub fn publish(&mut self, composition: &Composition, state_dir: &Path) {
+        self.update(composition);
+        if let Err(e) = self.write(state_dir) {
+            tracing::warn!("cannot write the host status for `cordis services`: {e}");
+        }
+    }
+
+    fn update(&mut self, composition: &Composition) {
         self.entries = composition
             .plan
             .entries
