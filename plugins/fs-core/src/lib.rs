@@ -293,9 +293,12 @@ impl Target {
             root_dir
         } else {
             if parents == Parents::Create {
-                root_dir
-                    .create_dir_all(rel_parent)
-                    .map_err(|e| fenced(e, "create the directories of"))?;
+                match root_dir.create_dir_all(rel_parent) {
+                    // Something appeared there meanwhile (a directory, a file or a symlink):
+                    // opening it below decides whether it is a directory beneath the root.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    r => r.map_err(|e| fenced(e, "create the directories of"))?,
+                }
             }
             root_dir
                 .open_dir(rel_parent)
