@@ -20,10 +20,11 @@ fn unknown_config_key_with_suggestion() {
         "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRot: /srv\n",
         expect![[r#"
             error[unknown-config-key]: entry `dsh-sandbox-policy` (plugin `dsh-sandbox-policy`): unknown key `workspaceRot` in `config`
-              --> cordis.yml:4:5
+             --> cordis.yml:4:5
               |
             4 |     workspaceRot: /srv
               |     ^^^^^^^^^^^^
+              |
               = help: did you mean `workspaceRoot`?
 
             error: cordis.yml is not a valid composition (1 error)
@@ -37,10 +38,11 @@ fn wrong_type() {
         "- name: cordis-example\n  config:\n    word: 42\n",
         expect![[r#"
             error[invalid-config]: entry `cordis-example` (plugin `cordis-example`): `config.word`: 42 is not of type "string"
-              --> cordis.yml:3:11
+             --> cordis.yml:3:11
               |
             3 |     word: 42
               |           ^^
+              |
               = help: expected string; `word`: The greeting word.
 
             error: cordis.yml is not a valid composition (1 error)
@@ -54,10 +56,11 @@ fn invalid_mode_names_the_allowed_values() {
         "- name: dsh-sandbox-policy\n  config:\n    mode: workspace_write\n",
         expect![[r#"
             error[invalid-config]: entry `dsh-sandbox-policy` (plugin `dsh-sandbox-policy`): `config.mode` is "workspace_write", which is not an allowed value
-              --> cordis.yml:3:11
+             --> cordis.yml:3:11
               |
             3 |     mode: workspace_write
               |           ^^^^^^^^^^^^^^^
+              |
               = help: expected one of: read-only, workspace-write, danger-full-access; did you mean `workspace-write`?; `mode`: String, one of `read-only`, `workspace-write`, `danger-full-access`; default `read-only` (fail-safe). The deployment default mode: used when a call carries no approved mode and its session has no `sandbox/mode` switch.
 
             error: cordis.yml is not a valid composition (1 error)
@@ -71,10 +74,11 @@ fn missing_required_field() {
         "- id: policy\n  config:\n    mode: read-only\n",
         expect![[r#"
             error[missing-name]: entry has no `name`
-              --> cordis.yml:1:3
+             --> cordis.yml:1:3
               |
             1 | - id: policy
               |   ^^
+              |
               = help: add `name: <plugin>` naming the plugin to load
 
             error: cordis.yml is not a valid composition (1 error)
@@ -88,10 +92,11 @@ fn bad_interpolation() {
         "- name: dsh-sandbox-policy\n  config:\n    workspaceRoot: ${CORDIS_E2E_SURELY_UNSET}/ws\n",
         expect![[r#"
             error[interpolation]: environment variable `CORDIS_E2E_SURELY_UNSET` is not set
-              --> cordis.yml:3:20
+             --> cordis.yml:3:20
               |
             3 |     workspaceRoot: ${CORDIS_E2E_SURELY_UNSET}/ws
               |                    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+              |
               = help: set CORDIS_E2E_SURELY_UNSET, or give a default: `${CORDIS_E2E_SURELY_UNSET:-value}`
 
             error: cordis.yml is not a valid composition (1 error)
@@ -105,11 +110,134 @@ fn yaml_syntax_error() {
         "- name: cordis-example\n  config: {word: [\n",
         expect![[r#"
             error[yaml-syntax]: YAML syntax error: while parsing a node, did not find expected node content
-              --> cordis.yml:3:1
-              = help: fix the YAML syntax at this position (check indentation and quoting)
+            --> cordis.yml:3:1
+             = help: fix the YAML syntax at this position (check indentation and quoting)
 
             error: cordis.yml is not a valid composition (1 error)
         "#]],
+    );
+}
+
+#[test]
+fn non_ascii_text_before_the_error_column() {
+    check(
+        "- {name: dsh-fs-local, id: ééé, dissabled: true}\n",
+        expect![[r#"
+            error[unknown-key]: unknown entry key `dissabled`
+             --> cordis.yml:1:33
+              |
+            1 | - {name: dsh-fs-local, id: ééé, dissabled: true}
+              |                                 ^^^^^^^^^
+              |
+              = help: did you mean `disabled`?
+
+            error: cordis.yml is not a valid composition (1 error)
+        "#]],
+    );
+}
+
+#[test]
+fn an_alias_bomb_stops_at_the_alias_that_crosses_the_limit() {
+    let mut bomb = String::from(
+        "- name: cordis-example\n  config:\n    l0: &l0 [x, x, x, x, x, x, x, x, x]\n",
+    );
+    for i in 1..9 {
+        let prev = format!("*l{}", i - 1);
+        bomb.push_str(&format!(
+            "    l{i}: &l{i} [{}]\n",
+            [prev.as_str(); 9].join(", ")
+        ));
+    }
+    check(
+        &bomb,
+        expect![[r#"
+        error[manifest-too-large]: this alias expands the manifest past 100000 values
+         --> cordis.yml:8:14
+          |
+        8 |     l5: &l5 [*l4, *l4, *l4, *l4, *l4, *l4, *l4, *l4, *l4]
+          |              ^^^
+          |
+          = help: write the values out instead of nesting aliases (`*name`) of aliases
+
+        error: cordis.yml is not a valid composition (1 error)
+    "#]],
+    );
+}
+
+#[test]
+fn every_code_is_explained() {
+    let s = Scratch::new();
+    let run = s.run(&["check", "--explain"]);
+    run.expect_code(0);
+    let listed: Vec<String> = run
+        .stdout()
+        .lines()
+        .map(|l| l.split(' ').next().unwrap_or("").to_string())
+        .collect();
+    let registry: Vec<&str> = cordis_host::diag::CODES.iter().map(|c| c.name).collect();
+    assert_eq!(listed, registry);
+    s.run(&["check", "--explain", "missing-service"])
+        .expect_code(0)
+        .expect_output(&[
+            "missing-service (error): an entry requires a service no enabled entry provides",
+        ]);
+    s.run(&["check", "--explain", "missing-servce"])
+        .expect_code(1)
+        .expect_output(&["no diagnostic code `missing-servce`; did you mean `missing-service`?"]);
+}
+
+/// The codes of `cordis check --format json` on `manifest`, in order, and the items.
+fn json_codes(manifest: &str) -> (Vec<String>, serde_json::Value) {
+    let s = Scratch::new();
+    s.manifest(manifest);
+    let run = s.run(&["check", "--format", "json"]);
+    run.expect_code(1);
+    let items: serde_json::Value = serde_json::from_str(&run.stdout()).expect("JSON");
+    let codes = items
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| i["code"].as_str().unwrap_or("").to_string())
+        .collect();
+    (codes, items)
+}
+
+#[test]
+fn one_error_never_hides_another() {
+    // A config error in an entry whose services are missing, and a misspelt plugin.
+    let (codes, items) =
+        json_codes("- name: dsh-tool-fs\n  config:\n    bogus: 1\n- name: dsh-fs-sandbx\n");
+    assert_eq!(
+        codes,
+        [
+            "invalid-config",
+            "library-not-found",
+            "missing-service",
+            "missing-service"
+        ],
+        "{items:#}"
+    );
+    let help = items[1]["help"].as_str().unwrap_or("");
+    assert!(
+        help.starts_with("did you mean `dsh-fs-sandbox`?") && help.contains("libdsh_fs_sandbox."),
+        "{items:#}"
+    );
+    assert_eq!(items[1]["severity"], "error");
+    assert_eq!(
+        items[1]["explanation"],
+        "no library file was found for an entry's plugin"
+    );
+
+    // Nothing close: the help says how to build and point at a library, not a
+    // `cargo build -p` of a package that may not exist.
+    let (codes, items) = json_codes("- name: zzz-unheard-of\n");
+    assert_eq!(codes, ["library-not-found"], "{items:#}");
+    let help = items[0]["help"].as_str().unwrap_or("");
+    assert!(
+        !help.contains("did you mean")
+            && !help.contains("-p zzz")
+            && help.contains("--plugin-path"),
+        "{help}"
     );
 }
 

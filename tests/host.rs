@@ -273,8 +273,12 @@ fn run_serves_until_sigterm_and_disposes_in_reverse_order() {
         seen.contains("greeter ready") && seen.contains("plugin=\"cordis-example\""),
         "plugin log not bridged: {seen}"
     );
+    // `Child::wait` closes the child's stdin first, and end of input also ends the server:
+    // hold stdin open until the process is reaped, so the signal alone ends it.
+    let stdin = child.0.stdin.take().expect("stdin");
     cordis_e2e::signal(&child.0, "TERM");
     let status = child.0.wait().expect("wait");
+    drop(stdin);
     let tail = rest.join();
     assert!(status.success(), "exit {status:?}\n{tail}");
     assert!(tail.contains("received SIGTERM"), "{tail}");

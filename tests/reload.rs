@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordis_e2e::{fixture_reload_build, reload_project, replace_file, McpStdio, Runtime};
+use cordis_e2e::{
+    eventually, fixture_reload_build, reload_project, replace_file, McpStdio, Runtime,
+};
 use cordis_host::runtime::{ReloadError, ReloadReport};
 use cordis_sdk::{CallContext, SessionInfo};
 use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs};
@@ -142,6 +144,66 @@ fn config_edits_are_taken_in_place_or_by_restart() {
         "{report}"
     );
     assert_eq!(call(&rt, &session, "reload-version"), "build 1, greeting c");
+    rt.shutdown();
+}
+
+/// Every entry of the running composition: id, library generation and config.
+fn running_entries(rt: &Runtime) -> Vec<(String, u64, serde_json::Value)> {
+    rt.composition()
+        .plan
+        .entries
+        .iter()
+        .map(|p| {
+            (
+                p.entry.id.clone(),
+                p.library.generation,
+                p.entry.config.clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_failed_apply_also_undoes_the_configs_taken_in_place() {
+    let manifest = |greeting: &str, faulty: bool| {
+        format!(
+            "- name: fixture-reload\n  config:\n    greeting: {greeting}\n    inPlace: true\n- name: fixture-reload-consumer\n{}",
+            if faulty { "- name: fixture-faulty\n  config:\n    fail: error\n" } else { "" }
+        )
+    };
+    let (s, _lib) = reload_project(1, &manifest("a", false));
+    let rt = s.runtime();
+    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let before = running_entries(&rt);
+
+    // One reload takes the greeting in place, then fails to apply the added entry.
+    s.manifest(&manifest("b", true));
+    let err = rt.reload().expect_err("fixture-faulty refuses to start");
+    match &err {
+        ReloadError::Apply { error, rolled_back } => {
+            assert!(*rolled_back, "{err}");
+            assert!(error.to_string().contains("FIXTURE_FAILED"), "{err}");
+        }
+        other => panic!("expected an apply failure, got {other}"),
+    }
+    assert_eq!(
+        call(&rt, &session, "reload-version"),
+        "build 1, greeting a",
+        "the in-place greeting must be undone"
+    );
+    assert_eq!(
+        call(&rt, &session, "consumer-view"),
+        "applied with [build 1, greeting a], now [build 1, greeting a]"
+    );
+    assert_eq!(running_entries(&rt), before);
+    let tools: Vec<String> = rt.tools().into_iter().map(|t| t.name).collect();
+    assert_eq!(tools, ["consumer-view", "reload-version"]);
+
+    // Fixed, the same edit goes through in place.
+    s.manifest(&manifest("b", false));
+    let report = rt.reload().expect("reload");
+    assert_eq!(report.reconfigured, ["fixture-reload"], "{report}");
+    assert_eq!(call(&rt, &session, "reload-version"), "build 1, greeting b");
     rt.shutdown();
 }
 
@@ -486,6 +548,52 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
     );
     assert!(mcp.finish().success());
     running_services(&s, |r| r.starts_with("running: no `cordis run`"));
+}
+
+#[test]
+fn an_edit_that_cannot_be_planned_leaves_the_watcher_watching() {
+    let (s, _lib) = reload_project(1, "- name: fixture-reload\n");
+    let log_path = s.path().join("run.log");
+    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
+    cmd.env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log_path).expect("create the log"));
+    let mut mcp = McpStdio::start(cmd);
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    // Non-ASCII text before the error's column once crashed the renderer, and the watcher
+    // with it: every later edit was ignored.
+    s.manifest("- name: fixture-reload\n- {name: cordis-example, id: ééé, dissabled: true}\n");
+    eventually(
+        "the invalid edit is reported",
+        Duration::from_secs(20),
+        || {
+            let log = log();
+            if log.contains("unknown entry key `dissabled`") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    );
+    s.manifest("- name: fixture-reload\n- {name: cordis-example, id: ééé}\n");
+    eventually("the fixed edit is applied", Duration::from_secs(20), || {
+        let tools = mcp.request("tools/list", serde_json::json!({}));
+        let names: Vec<&str> = tools["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        if names.contains(&"greet") {
+            Ok(())
+        } else {
+            Err(format!("tools {names:?}\n{}", log()))
+        }
+    });
+    assert!(mcp.finish().success());
+    let log = log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(log.contains("reload: added ééé;"), "{log}");
 }
 
 #[test]

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use crate::loader::{library_file_name, SearchPath};
 use crate::runtime::Runtime;
-use crate::watch::{change_watcher, next_batch, reload_and_log};
+use crate::watch::{change_watcher, next_batch, reload_and_log, survive};
 
 #[derive(Deserialize)]
 struct Metadata {
@@ -329,19 +329,21 @@ pub fn spawn(runtime: Arc<Runtime>, project: Project) -> anyhow::Result<()> {
                     continue;
                 };
                 tracing::debug!("dev: {} changed", edited.display());
-                let (builds, _) = project.builds(&entry_libraries(&runtime));
-                if builds.is_empty() {
-                    continue;
-                }
-                // The library watcher waits while cargo writes libraries one by one; one
-                // reload follows the whole build.
-                let built = {
-                    let _hold = runtime.hold_reloads();
-                    project.build(&builds)
-                };
-                if built {
-                    reload_and_log(&runtime);
-                }
+                survive("dev builder", || {
+                    let (builds, _) = project.builds(&entry_libraries(&runtime));
+                    if builds.is_empty() {
+                        return;
+                    }
+                    // The library watcher waits while cargo writes libraries one by one; one
+                    // reload follows the whole build.
+                    let built = {
+                        let _hold = runtime.hold_reloads();
+                        project.build(&builds)
+                    };
+                    if built {
+                        reload_and_log(&runtime);
+                    }
+                });
             }
         })?;
     Ok(())

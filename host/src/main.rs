@@ -52,6 +52,10 @@ enum Command {
         /// `human` (cargo-style, with the plan) or `json` (diagnostics for editors and CI).
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
+        /// Explain a diagnostic code (e.g. `missing-service`) instead of checking; without
+        /// a code, list every code.
+        #[arg(long, value_name = "CODE", num_args = 0..=1, default_missing_value = "")]
+        explain: Option<String>,
     },
     /// Generate `schemas/` (each plugin's config schema and the manifest schema).
     Schema(SchemaArgs),
@@ -183,7 +187,11 @@ fn main() -> ExitCode {
     let state_dir = cordis_host::sessions::default_state_dir(cli.state_dir.as_deref());
     let host = Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose);
     let outcome = match cli.command {
-        Command::Check { format } => check(&host, format),
+        Command::Check {
+            explain: Some(code),
+            ..
+        } => explain(&code),
+        Command::Check { format, .. } => check(&host, format),
         Command::Schema(args) => schema(&host, args),
         Command::Run(args) => run(host, &state_dir, args),
         Command::Services => services(&host, &state_dir),
@@ -208,26 +216,37 @@ fn main() -> ExitCode {
     }
 }
 
+fn explain(code: &str) -> anyhow::Result<ExitCode> {
+    use cordis_host::diag::{self, CODES};
+    let line = |c: &diag::Code| format!("{} ({}): {}", c.name, c.severity.as_str(), c.explanation);
+    if code.is_empty() {
+        for c in CODES {
+            println!("{}", line(c));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    match diag::code(code) {
+        Some(c) => {
+            println!("{}", line(c));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            let names: Vec<&str> = CODES.iter().map(|c| c.name).collect();
+            let hint = match cordis_host::manifest::closest(code, &names) {
+                Some(name) => format!("did you mean `{name}`?"),
+                None => "`cordis check --explain` lists every code".to_string(),
+            };
+            anyhow::bail!("no diagnostic code `{code}`; {hint}")
+        }
+    }
+}
+
 fn check(host: &Host, format: Format) -> anyhow::Result<ExitCode> {
     let outcome = host.plan();
     if format == Format::Json {
-        let items: Vec<serde_json::Value> = match &outcome {
-            Ok(_) => Vec::new(),
-            Err(d) => d
-                .items
-                .iter()
-                .map(|i| {
-                    serde_json::json!({
-                        "file": d.file,
-                        "line": i.pos.map(|p| p.line),
-                        "column": i.pos.map(|p| p.col),
-                        "code": i.code,
-                        "message": i.message,
-                        "help": i.help,
-                        "notes": i.notes,
-                    })
-                })
-                .collect(),
+        let items = match &outcome {
+            Ok(_) => serde_json::json!([]),
+            Err(d) => d.to_json(),
         };
         println!("{}", serde_json::to_string_pretty(&items)?);
         return Ok(if outcome.is_ok() {

@@ -7,10 +7,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::parser::{Event, Parser};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
-use crate::diag::{Diagnostic, Pos};
+use crate::diag::{self, Diagnostic, Pos};
 
 /// A YAML value with its position.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,16 +85,48 @@ impl Node {
     }
 }
 
+/// The largest manifest accepted, in bytes.
+pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+/// The most values a manifest may hold once its aliases are expanded.
+pub const MAX_NODES: usize = 100_000;
+/// The deepest nesting of lists and mappings accepted.
+pub const MAX_DEPTH: usize = 64;
+
 /// Parses YAML text into a positioned tree (the first document; an empty file is `Null`).
+/// Limits: [`MAX_MANIFEST_BYTES`] of text, [`MAX_NODES`] values with aliases expanded (an
+/// alias bomb stops at the alias that crosses it) and [`MAX_DEPTH`] levels of nesting.
 pub fn parse_yaml(text: &str) -> Result<Node, Diagnostic> {
+    if text.len() > MAX_MANIFEST_BYTES {
+        return Err(Diagnostic::new(
+            diag::MANIFEST_TOO_LARGE,
+            format!(
+                "the manifest is {} bytes, more than the limit of {MAX_MANIFEST_BYTES} bytes (1 MiB)",
+                text.len()
+            ),
+        )
+        .at(Pos { line: 1, col: 1 })
+        .help("a composition needs a few kilobytes: split generated content out of cordis.yml"));
+    }
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
-    parser.load(&mut builder, false).map_err(|e| {
-        let m = e.marker();
-        Diagnostic::new("yaml-syntax", format!("YAML syntax error: {}", e.info()))
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| {
+            let m = e.marker();
+            Diagnostic::new(
+                diag::YAML_SYNTAX,
+                format!("YAML syntax error: {}", e.info()),
+            )
             .at(pos_of(m))
             .help("fix the YAML syntax at this position (check indentation and quoting)")
-    })?;
+        })?;
+        if matches!(event, Event::StreamEnd | Event::DocumentEnd) {
+            break;
+        }
+        builder.on_event(event, mark);
+        if let Some(d) = builder.too_large.take() {
+            return Err(d);
+        }
+    }
     Ok(builder.root.unwrap_or(Node {
         value: Value::Null,
         pos: Pos { line: 1, col: 1 },
@@ -112,7 +144,14 @@ fn pos_of(m: &Marker) -> Pos {
 struct Builder {
     stack: Vec<(Node, Option<Node>, usize)>,
     root: Option<Node>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes with the number of values each holds.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Values built so far, aliases counted with everything they expand to.
+    nodes: usize,
+    /// Values built in each open container (to size an anchored container).
+    counts: Vec<usize>,
+    /// Set once a limit is crossed; nothing more is built.
+    too_large: Option<Diagnostic>,
 }
 
 impl Builder {
@@ -135,11 +174,58 @@ impl Builder {
     }
 }
 
-impl MarkedEventReceiver for Builder {
+impl Builder {
+    /// Counts `n` more values; crossing [`MAX_NODES`] stops the build with a diagnostic.
+    fn count(&mut self, n: usize, pos: Pos, alias: bool) -> bool {
+        self.nodes = self.nodes.saturating_add(n);
+        for c in &mut self.counts {
+            *c = c.saturating_add(n);
+        }
+        if self.nodes <= MAX_NODES {
+            return true;
+        }
+        let what = if alias {
+            "this alias expands the manifest"
+        } else {
+            "the manifest has"
+        };
+        self.too_large = Some(
+            Diagnostic::new(
+                diag::MANIFEST_TOO_LARGE,
+                format!("{what} past {MAX_NODES} values"),
+            )
+            .at(pos)
+            .help("write the values out instead of nesting aliases (`*name`) of aliases"),
+        );
+        false
+    }
+
+    fn open(&mut self, value: Value, pos: Pos, anchor: usize) {
+        if !self.count(1, pos, false) {
+            return;
+        }
+        if self.stack.len() >= MAX_DEPTH {
+            self.too_large = Some(
+                Diagnostic::new(
+                    diag::MANIFEST_TOO_LARGE,
+                    format!("lists and mappings are nested more than {MAX_DEPTH} levels deep"),
+                )
+                .at(pos)
+                .help("flatten the structure: a composition needs a few levels"),
+            );
+            return;
+        }
+        self.stack.push((Node { value, pos }, None, anchor));
+        self.counts.push(1);
+    }
+
     fn on_event(&mut self, ev: Event, mark: Marker) {
         let pos = pos_of(&mark);
         match ev {
             Event::Scalar(text, style, anchor, _tag) => {
+                if !self.count(1, pos, false) {
+                    return;
+                }
                 let value = if style == TScalarStyle::Plain {
                     plain_scalar(text)
                 } else {
@@ -147,27 +233,14 @@ impl MarkedEventReceiver for Builder {
                 };
                 let node = Node { value, pos };
                 if anchor > 0 {
-                    self.anchors.insert(anchor, node.clone());
+                    self.anchors.insert(anchor, (node.clone(), 1));
                 }
                 self.push_value(node);
             }
-            Event::SequenceStart(anchor, _) => self.stack.push((
-                Node {
-                    value: Value::Seq(Vec::new()),
-                    pos,
-                },
-                None,
-                anchor,
-            )),
-            Event::MappingStart(anchor, _) => self.stack.push((
-                Node {
-                    value: Value::Map(Vec::new()),
-                    pos,
-                },
-                None,
-                anchor,
-            )),
+            Event::SequenceStart(anchor, _) => self.open(Value::Seq(Vec::new()), pos, anchor),
+            Event::MappingStart(anchor, _) => self.open(Value::Map(Vec::new()), pos, anchor),
             Event::SequenceEnd | Event::MappingEnd => {
+                let size = self.counts.pop().unwrap_or(1);
                 if let Some((mut node, _, anchor)) = self.stack.pop() {
                     // The parser marks a block mapping late; its first key is where it starts.
                     if let Value::Map(pairs) = &node.value {
@@ -176,16 +249,23 @@ impl MarkedEventReceiver for Builder {
                         }
                     }
                     if anchor > 0 {
-                        self.anchors.insert(anchor, node.clone());
+                        self.anchors.insert(anchor, (node.clone(), size));
                     }
                     self.push_value(node);
                 }
             }
             Event::Alias(id) => {
-                let node = self.anchors.get(&id).cloned().unwrap_or(Node {
-                    value: Value::Null,
-                    pos,
-                });
+                let size = self.anchors.get(&id).map_or(1, |(_, size)| *size);
+                if !self.count(size, pos, true) {
+                    return;
+                }
+                let node = self.anchors.get(&id).map_or(
+                    Node {
+                        value: Value::Null,
+                        pos,
+                    },
+                    |(node, _)| node.clone(),
+                );
                 self.push_value(node);
             }
             _ => {}
@@ -268,7 +348,7 @@ pub fn parse(text: &str) -> Result<Manifest, Vec<Diagnostic>> {
         Value::Null => {}
         _ => diags.push(
             Diagnostic::new(
-                "manifest-shape",
+                diag::MANIFEST_SHAPE,
                 format!(
                     "cordis.yml must be a list of entries, found {}",
                     root.type_name()
@@ -296,7 +376,7 @@ fn collect_entries(
         let Value::Map(pairs) = &item.value else {
             diags.push(
                 Diagnostic::new(
-                    "entry-shape",
+                    diag::ENTRY_SHAPE,
                     format!("an entry must be a mapping, found {}", item.type_name()),
                 )
                 .at(item.pos)
@@ -316,7 +396,8 @@ fn collect_entries(
             if !ENTRY_KEYS.contains(&key.as_str()) {
                 ok = false;
                 let mut d =
-                    Diagnostic::new("unknown-key", format!("unknown entry key `{key}`")).at(k.pos);
+                    Diagnostic::new(diag::UNKNOWN_KEY, format!("unknown entry key `{key}`"))
+                        .at(k.pos);
                 d = match closest(&key, ENTRY_KEYS) {
                     Some(s) => d.help(format!("did you mean `{s}`?")),
                     None => d.help(format!("entry keys are: {}", ENTRY_KEYS.join(", "))),
@@ -334,7 +415,7 @@ fn collect_entries(
                 Some(n) => {
                     diags.push(
                         Diagnostic::new(
-                            "entry-type",
+                            diag::ENTRY_TYPE,
                             format!("`{key}` must be true or false, found {}", n.type_name()),
                         )
                         .at(n.pos),
@@ -353,7 +434,7 @@ fn collect_entries(
                 Some(n) => {
                     diags.push(
                         Diagnostic::new(
-                            "entry-type",
+                            diag::ENTRY_TYPE,
                             format!(
                                 "`{key}` must be a non-empty string, found {}",
                                 n.type_name()
@@ -377,7 +458,7 @@ fn collect_entries(
                 None | Some(Value::Null) => {}
                 Some(_) => diags.push(
                     Diagnostic::new(
-                        "group-shape",
+                        diag::GROUP_SHAPE,
                         "a group's `config` must be a list of entries",
                     )
                     .at(config.map_or(item.pos, |c| c.pos))
@@ -389,7 +470,7 @@ fn collect_entries(
         let Some(raw_name) = name else {
             if field("name").is_none() {
                 diags.push(
-                    Diagnostic::new("missing-name", "entry has no `name`")
+                    Diagnostic::new(diag::MISSING_NAME, "entry has no `name`")
                         .at(item.pos)
                         .help("add `name: <plugin>` naming the plugin to load"),
                 );
@@ -411,7 +492,7 @@ fn collect_entries(
                 _ => {
                     diags.push(
                         Diagnostic::new(
-                            "config-type",
+                            diag::CONFIG_TYPE,
                             format!("`config` must be a mapping, found {}", n.type_name()),
                         )
                         .at(n.pos),
@@ -495,7 +576,7 @@ pub fn interpolate(text: &str, pos: Pos) -> Result<String, Diagnostic> {
         } else if let Some(body) = after.strip_prefix('{') {
             let Some(end) = body.find('}') else {
                 return Err(Diagnostic::new(
-                    "interpolation",
+                    diag::INTERPOLATION,
                     format!("unterminated `${{` in {text:?}"),
                 )
                 .at(pos)
@@ -511,7 +592,7 @@ pub fn interpolate(text: &str, pos: Pos) -> Result<String, Diagnostic> {
                 && !name.starts_with(|c: char| c.is_ascii_digit());
             if !valid {
                 return Err(Diagnostic::new(
-                    "interpolation",
+                    diag::INTERPOLATION,
                     format!("`${{{inner}}}` does not name an environment variable"),
                 )
                 .at(pos)
@@ -522,7 +603,7 @@ pub fn interpolate(text: &str, pos: Pos) -> Result<String, Diagnostic> {
                 (Err(_), Some(d)) => out.push_str(d),
                 (Err(_), None) => {
                     return Err(Diagnostic::new(
-                        "interpolation",
+                        diag::INTERPOLATION,
                         format!("environment variable `{name}` is not set"),
                     )
                     .at(pos)
@@ -554,7 +635,7 @@ fn check_ids(manifest: &Manifest, diags: &mut Vec<Diagnostic>) {
                 "give each entry a distinct `id:`".to_string()
             };
             diags.push(
-                Diagnostic::new("duplicate-id", format!("duplicate entry id `{}`", e.id))
+                Diagnostic::new(diag::DUPLICATE_ID, format!("duplicate entry id `{}`", e.id))
                     .at(e.pos)
                     .note(format!(
                         "first used at line {}:{}",
@@ -604,7 +685,7 @@ mod tests {
                 .iter()
                 .map(|d| {
                     let p = d.pos.unwrap_or_default();
-                    (d.code.to_string(), p.line, p.col)
+                    (d.code.name.to_string(), p.line, p.col)
                 })
                 .collect(),
         };
@@ -657,6 +738,32 @@ mod tests {
     }
 
     #[test]
+    fn limits_stop_alias_bombs_deep_nesting_and_huge_files() {
+        // Nine levels of nine aliases: 9^9 values once expanded.
+        let mut bomb =
+            String::from("- name: a\n  config:\n    l0: &l0 [x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..9 {
+            let prev = format!("*l{}", i - 1);
+            bomb.push_str(&format!(
+                "    l{i}: &l{i} [{}]\n",
+                [prev.as_str(); 9].join(", ")
+            ));
+        }
+        check(&bomb, &[("manifest-too-large", 8, 14)]);
+        let deep = format!(
+            "- name: a\n  config:\n    k: {}{}\n",
+            "[".repeat(100),
+            "]".repeat(100)
+        );
+        check(&deep, &[("manifest-too-large", 3, 69)]);
+        let huge = format!("# {}\n- name: a\n", "x".repeat(MAX_MANIFEST_BYTES));
+        check(&huge, &[("manifest-too-large", 1, 1)]);
+        // Within the limits, aliases still work.
+        let m = parse("- name: a\n  config:\n    a: &v [1, 2]\n    b: *v\n").unwrap();
+        assert_eq!(m.entries[0].config["b"], serde_json::json!([1, 2]));
+    }
+
+    #[test]
     fn interpolation() {
         std::env::set_var("CORDIS_TEST_ROOT", "/srv/ws");
         let at = Pos { line: 3, col: 5 };
@@ -665,7 +772,7 @@ mod tests {
         assert_eq!(ok("${CORDIS_TEST_UNSET_VAR:-read-only}"), "read-only");
         assert_eq!(ok("cost: $$5 and $x"), "cost: $5 and $x");
         let err = interpolate("${CORDIS_TEST_UNSET_VAR}", at).unwrap_err();
-        assert_eq!((err.code, err.pos), ("interpolation", Some(at)));
+        assert_eq!((err.code.name, err.pos), ("interpolation", Some(at)));
         assert!(
             err.message.contains("CORDIS_TEST_UNSET_VAR"),
             "{}",

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::diag::{Diagnostic, Diagnostics};
+use crate::diag::{self, Diagnostic, Diagnostics};
 use crate::loader::{file_digest, Copies, Library, LoadError, SearchPath, ServiceSpec};
 use crate::manifest::{self, Entry};
 
@@ -71,7 +71,7 @@ pub fn plan_with(
         file: file.to_path_buf(),
         source: None,
         items: vec![Diagnostic::new(
-            "manifest-unreadable",
+            diag::MANIFEST_UNREADABLE,
             format!("cannot read {}: {e}", file.display()),
         )
         .help("pass the manifest with `-c path/to/cordis.yml`")],
@@ -92,6 +92,8 @@ pub fn plan_with(
             libraries.insert(key, lib.clone());
         }
     }
+    // Every entry whose library loaded takes part in the checks of the whole graph, even
+    // when its config is invalid, so one error never hides another.
     let mut planned = Vec::new();
     for entry in manifest.enabled() {
         if let Some(p) = load_entry(entry, base, opts, &mut libraries, &mut diags) {
@@ -101,11 +103,7 @@ pub fn plan_with(
 
     let providers = check_providers(&planned, opts, &mut diags);
     check_injections(&planned, &providers, opts, &mut diags);
-    let order = if diags.is_empty() {
-        order_by_dependencies(&planned, &mut diags)
-    } else {
-        Vec::new()
-    };
+    let order = order_by_dependencies(&planned, &mut diags);
     if !diags.is_empty() {
         return Err(fail(diags));
     }
@@ -154,7 +152,7 @@ fn load_entry(
             if !p.is_file() {
                 diags.push(
                     Diagnostic::new(
-                        "library-not-found",
+                        diag::LIBRARY_NOT_FOUND,
                         format!(
                             "{}: library file {} does not exist",
                             describe(entry),
@@ -172,7 +170,7 @@ fn load_entry(
             Ok(p) => p,
             Err(tried) => {
                 let mut d = Diagnostic::new(
-                    "library-not-found",
+                    diag::LIBRARY_NOT_FOUND,
                     format!(
                         "{}: no library for plugin `{}`",
                         describe(entry),
@@ -183,11 +181,18 @@ fn load_entry(
                 for (t, (_, why)) in tried.iter().zip(&opts.search.dirs) {
                     d = d.note(format!("looked for {} ({why})", t.display()));
                 }
-                diags.push(d.help(format!(
-                    "build it (`cargo build -p {}`), add its directory with --plugin-path or {}, or name the file with `path:`",
-                    entry.plugin,
-                    crate::loader::PLUGIN_PATH_ENV
-                )));
+                let help = match closest_plugin(&opts.search, &entry.plugin) {
+                    Some((name, file)) => format!(
+                        "did you mean `{name}`? ({} is on the plugin path): write `name: {name}`",
+                        file.display()
+                    ),
+                    None => format!(
+                        "build the plugin's crate (cargo puts {} in its target directory), then add that directory with --plugin-path or {}, or name the file with `path:`",
+                        crate::loader::library_file_name(&entry.plugin),
+                        crate::loader::PLUGIN_PATH_ENV
+                    ),
+                };
+                diags.push(d.help(help));
                 return None;
             }
         },
@@ -203,9 +208,9 @@ fn load_entry(
             Err(e) => {
                 let mut d = Diagnostic::new(
                     if matches!(e, LoadError::Abi { .. }) {
-                        "abi-mismatch"
+                        diag::ABI_MISMATCH
                     } else {
-                        "library-invalid"
+                        diag::LIBRARY_INVALID
                     },
                     format!("{}: cannot use {}: {e}", describe(entry), path.display()),
                 )
@@ -231,7 +236,7 @@ fn load_entry(
     if library.meta.name != entry.plugin {
         diags.push(
             Diagnostic::new(
-                "plugin-name-mismatch",
+                diag::PLUGIN_NAME_MISMATCH,
                 format!(
                     "{}: {} contains plugin `{}`, not `{}`",
                     describe(entry),
@@ -245,17 +250,21 @@ fn load_entry(
         );
         return None;
     }
+    let planned = Planned {
+        entry: entry.clone(),
+        library: library.clone(),
+    };
     let schema_errors = crate::schema::validate_config(entry, &library.meta.config_schema);
     if !schema_errors.is_empty() {
         diags.extend(schema_errors);
-        return None;
+        return Some(planned);
     }
     // The schema cannot say everything (e.g. custom checks): the plugin's own deserializer
     // has the last word, still before anything is applied.
     if let Err(e) = library.check_config(&entry.config.to_string()) {
         let pos = entry.config_node.as_ref().map_or(entry.pos, |n| n.pos);
         let mut d = Diagnostic::new(
-            "invalid-config",
+            diag::INVALID_CONFIG,
             format!(
                 "{}: invalid config for plugin `{}`: {}",
                 describe(entry),
@@ -278,12 +287,29 @@ fn load_entry(
             }
         }));
         diags.push(d);
-        return None;
     }
-    Some(Planned {
-        entry: entry.clone(),
-        library,
-    })
+    Some(planned)
+}
+
+/// The plugin on the search path whose name is closest to `plugin` (a likely typo), with
+/// its library file. Names come from file names (`libdsh_fs_local.so` → `dsh-fs-local`).
+fn closest_plugin(search: &SearchPath, plugin: &str) -> Option<(String, PathBuf)> {
+    let libraries: Vec<(String, PathBuf)> = search
+        .all_libraries()
+        .into_iter()
+        .filter_map(|path| {
+            let name = path
+                .file_name()?
+                .to_str()?
+                .strip_prefix(std::env::consts::DLL_PREFIX)?
+                .strip_suffix(std::env::consts::DLL_SUFFIX)?
+                .replace('_', "-");
+            Some((name, path))
+        })
+        .collect();
+    let names: Vec<&str> = libraries.iter().map(|(n, _)| n.as_str()).collect();
+    let best = manifest::closest(plugin, &names)?.to_string();
+    libraries.into_iter().find(|(n, _)| *n == best)
 }
 
 /// The top-level property names of a config schema.
@@ -318,7 +344,7 @@ fn check_providers(
                 }
                 Some(Source::Host(_)) => diags.push(
                     Diagnostic::new(
-                        "duplicate-provider",
+                        diag::DUPLICATE_PROVIDER,
                         format!(
                             "{} provides service `{}`, which the host itself provides",
                             describe(&p.entry),
@@ -332,7 +358,7 @@ fn check_providers(
                     let first = &planned[*first].entry;
                     diags.push(
                         Diagnostic::new(
-                            "duplicate-provider",
+                            diag::DUPLICATE_PROVIDER,
                             format!(
                                 "{} and {} both provide service `{}`",
                                 describe(first),
@@ -393,7 +419,7 @@ fn check_injections(
                     };
                     diags.push(
                         Diagnostic::new(
-                            "missing-service",
+                            diag::MISSING_SERVICE,
                             format!(
                                 "{} requires service `{}` ({} v{}), but no enabled entry provides it",
                                 describe(&p.entry),
@@ -410,7 +436,7 @@ fn check_injections(
                     if spec.interface != inj.interface || spec.version != inj.version {
                         diags.push(
                             Diagnostic::new(
-                                "interface-mismatch",
+                                diag::INTERFACE_MISMATCH,
                                 format!(
                                     "{} injects `{}` as {} v{}, but {who} provides it as {} v{}; interface versions must match exactly: rebuild one of them against the other's version of the seam crate",
                                     describe(&p.entry),
@@ -495,7 +521,7 @@ fn order_by_dependencies(planned: &[Planned], diags: &mut Vec<Diagnostic>) -> Ve
                 let first = &planned[cycle[0]].entry;
                 diags.push(
                     Diagnostic::new(
-                        "dependency-cycle",
+                        diag::DEPENDENCY_CYCLE,
                         format!("dependency cycle: {}", names.join(" → ")),
                     )
                     .at(first.pos)

@@ -207,7 +207,9 @@ impl Runtime {
             .collect();
         let mut report = ReloadReport::default();
         let mut restart: BTreeSet<String> = BTreeSet::new();
-        for (id, n) in &new {
+        // In dependency order (providers first), as an apply would be.
+        for n in &new_plan.entries {
+            let id = &n.entry.id;
             match old.get(id) {
                 None => report.added.push(id.clone()),
                 Some(o) if !Arc::ptr_eq(&o.library, &n.library) => {
@@ -240,6 +242,13 @@ impl Runtime {
             .chain(dependents_of(&new_plan, &gone))
             .filter(|id| old.contains_key(id) && new.contains_key(id));
         restart.extend(dependents.collect::<Vec<_>>());
+        // Taken in place, in the order they were taken: what a rollback must undo.
+        let reconfigured_in_place: Vec<String> = report
+            .reconfigured
+            .iter()
+            .filter(|id| !restart.contains(*id))
+            .cloned()
+            .collect();
         report.added.sort();
         report.removed.sort();
         report.reconfigured.sort();
@@ -271,6 +280,13 @@ impl Runtime {
                 for id in to_dispose.iter().rev() {
                     if let Err(e) = c.registry.apply_entry(&old[id]) {
                         tracing::error!("rollback of entry `{id}` failed: {e}");
+                        rolled_back = false;
+                    }
+                }
+                let c = &mut *c;
+                for id in reconfigured_in_place.iter().rev() {
+                    if let Err(e) = restore_config(&mut c.registry, &c.plan, id) {
+                        tracing::error!("rollback of entry `{id}`'s config failed: {e}");
                         rolled_back = false;
                     }
                 }
@@ -417,6 +433,34 @@ impl Runtime {
         .map_err(|e| anyhow::anyhow!("{}", cordis_sdk::Error::from(e)))?;
         Ok(serde_json::from_str(&out)?)
     }
+}
+
+/// Gives entry `id`, which took a new config in place, its config in the running `plan`
+/// back: offered in place again, or, when the plugin refuses, by restarting the entry and
+/// its dependents on it.
+fn restore_config(registry: &mut Registry, plan: &Plan, id: &str) -> Result<(), ApplyError> {
+    let Some(previous) = plan.entries.iter().find(|p| p.entry.id == id) else {
+        return Ok(());
+    };
+    match registry.reconfigure(id, &previous.entry.config) {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(entry = %id, "reconfigure back failed ({e}); restarting it"),
+    }
+    let mut ids = dependents_of(plan, &BTreeSet::from([id.to_string()]));
+    ids.insert(id.to_string());
+    let affected: Vec<&Planned> = plan
+        .entries
+        .iter()
+        .filter(|p| ids.contains(&p.entry.id))
+        .collect();
+    for p in affected.iter().rev() {
+        registry.dispose_entry(&p.entry.id);
+    }
+    for p in affected {
+        registry.apply_entry(p)?;
+    }
+    Ok(())
 }
 
 /// Every entry of `plan` that injects (transitively) a service provided by one of `ids`.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use jsonschema::error::ValidationErrorKind;
 use serde_json::{json, Map, Value};
 
-use crate::diag::{Diagnostic, Pos};
+use crate::diag::{self, Diagnostic, Pos};
 use crate::loader::Meta;
 use crate::manifest::{closest, Entry, Node, Value as Yaml};
 
@@ -22,7 +22,7 @@ pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
         Ok(v) => v,
         Err(e) => {
             return vec![Diagnostic::new(
-                "invalid-schema",
+                diag::INVALID_SCHEMA,
                 format!(
                     "plugin `{}` exports an invalid config schema: {e}",
                     entry.plugin
@@ -53,7 +53,7 @@ pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
                     };
                     out.push(
                         Diagnostic::new(
-                            "unknown-config-key",
+                            diag::UNKNOWN_CONFIG_KEY,
                             format!(
                                 "entry `{}` (plugin `{}`): unknown key `{key}` in `{path}`",
                                 entry.id, entry.plugin
@@ -68,7 +68,7 @@ pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
             ValidationErrorKind::Enum { .. }
             | ValidationErrorKind::AnyOf { .. }
             | ValidationErrorKind::OneOfNotValid { .. } => Diagnostic::new(
-                "invalid-config",
+                diag::INVALID_CONFIG,
                 format!(
                     "entry `{}` (plugin `{}`): `{path}` is {}, which is not an allowed value",
                     entry.id,
@@ -78,7 +78,7 @@ pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
             )
             .at(at),
             ValidationErrorKind::Required { property } => Diagnostic::new(
-                "invalid-config",
+                diag::INVALID_CONFIG,
                 format!(
                     "entry `{}` (plugin `{}`): `{path}` is missing the required key {property}",
                     entry.id, entry.plugin
@@ -86,7 +86,7 @@ pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
             )
             .at(at),
             _ => Diagnostic::new(
-                "invalid-config",
+                diag::INVALID_CONFIG,
                 format!(
                     "entry `{}` (plugin `{}`): `{path}`: {error}",
                     entry.id, entry.plugin

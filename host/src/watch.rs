@@ -87,11 +87,33 @@ pub fn spawn(runtime: Arc<Runtime>) -> anyhow::Result<()> {
                     tracing::trace!("ignored changes: {changed:?}");
                     continue;
                 }
-                reload_and_log(&runtime);
-                watch_all(&runtime, &mut watched_dirs);
+                survive("file watcher", || {
+                    reload_and_log(&runtime);
+                    watch_all(&runtime, &mut watched_dirs);
+                });
             }
         })?;
     Ok(())
+}
+
+/// Runs one step of a background thread's loop. A panic in it is logged as an error with
+/// its message, the step is abandoned and the thread goes on with the next one: a host
+/// thread never dies silently, and a bad edit never stops later ones from being seen.
+pub(crate) fn survive<T>(thread: &str, step: impl FnOnce() -> T) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)) {
+        Ok(value) => Some(value),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            tracing::error!(
+                "{thread}: a step panicked and was abandoned ({message}); still serving, and still watching for changes"
+            );
+            None
+        }
+    }
 }
 
 /// Reloads `runtime` and logs the outcome: one line for a change, the errors for a
@@ -128,4 +150,19 @@ fn parent_dirs(files: &[PathBuf]) -> BTreeSet<PathBuf> {
         .iter()
         .filter_map(|f| normalized(f)?.parent().map(Path::to_path_buf))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_step_is_survived() {
+        assert_eq!(survive("test", || 7), Some(7));
+        let panicked: Option<()> = survive("test", || panic!("boom"));
+        assert_eq!(panicked, None);
+        let formatted: Option<()> = survive("test", || panic!("boom {}", 2));
+        assert_eq!(formatted, None);
+        assert_eq!(survive("test", || "after"), Some("after"), "still usable");
+    }
 }

@@ -428,6 +428,26 @@ pub fn wait_for_line(
     }
 }
 
+/// Polls `probe` until it returns `Some` and returns that; fails the test, saying what was
+/// awaited and the last thing seen, when `timeout` passes first. A condition with a
+/// deadline, never a fixed sleep.
+pub fn eventually<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(value) => return value,
+            Err(seen) if std::time::Instant::now() >= deadline => {
+                panic!("{what}: not within {timeout:?}; last seen:\n{seen}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Sends `SIG<name>` to a child with the system `kill`.
 pub fn signal(child: &std::process::Child, name: &str) {
     let status = Command::new("kill")
