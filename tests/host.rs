@@ -334,3 +334,58 @@ fn two_entries_of_one_library_log_under_their_own_ids() {
         );
     }
 }
+
+#[test]
+fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
+    let s = Scratch::with_bundled_manifest();
+    let outside = cordis_e2e::Outside::new("session-id");
+    // A real session rooted outside, switched to danger-full-access, then moved to where
+    // traversal ids lead: without the id check, each id below would run in it.
+    let created = s.run(&["session", "new", "--cwd", &outside.dir.display().to_string()]);
+    created.expect_code(0);
+    let id = created.stdout().trim().to_string();
+    s.run(&["session", "set-mode", &id, "danger-full-access"])
+        .expect_code(0);
+    let log = s.path().join("state/sessions").join(format!("{id}.jsonl"));
+    let text = std::fs::read_to_string(&log).expect("the session log");
+    assert!(text.contains("danger-full-access"), "{text}");
+    std::fs::write(s.path().join("state/evil.jsonl"), &text).expect("plant");
+    std::fs::write(outside.dir.join("evil.jsonl"), &text).expect("plant");
+    std::fs::create_dir_all(s.path().join("state/sessions/sub")).expect("sub");
+    std::fs::write(s.path().join("state/sessions/sub/evil.jsonl"), &text).expect("plant");
+
+    let write = format!(
+        r#"{{"path": "{}", "content": "escaped\n"}}"#,
+        outside.victim().display()
+    );
+    let absolute = outside.dir.join("evil").display().to_string();
+    let long = "a".repeat(5000);
+    for bad in ["../evil", "sub/evil", absolute.as_str(), "..", "séance", &long] {
+        let runs = [
+            (vec!["call", "--session", bad, "write", write.as_str()], 2),
+            (vec!["session", "show", bad], 1),
+            (vec!["session", "set-mode", bad, "read-only"], 1),
+        ];
+        for (args, code) in runs {
+            let run = s.run(&args);
+            run.expect_code(code);
+            let stderr = run.stderr();
+            assert!(
+                stderr.contains("invalid session id") && !stderr.contains("no session"),
+                "{}",
+                run.context()
+            );
+            assert!(stderr.len() < 1000, "the id is shown cut: {}", stderr.len());
+        }
+    }
+    assert_eq!(outside.victim_text(), cordis_e2e::VICTIM, "nothing escaped");
+    // The planted logs were neither read nor appended to.
+    assert_eq!(
+        std::fs::read_to_string(s.path().join("state/evil.jsonl")).expect("planted"),
+        text
+    );
+    // A well-formed id that does not exist is "no session", not "invalid".
+    let run = s.run(&["session", "show", "s0123abc"]);
+    run.expect_code(1);
+    assert!(run.stderr().contains("no session `s0123abc`"), "{}", run.context());
+}

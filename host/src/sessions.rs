@@ -75,6 +75,9 @@ pub enum SessionError {
     /// No such session.
     #[error("no session `{0}` (list them with `cordis session list`)")]
     NotFound(String),
+    /// Not a session id at all (it could name a file outside the sessions directory).
+    #[error("invalid session id {0}: an id is 1 to {MAX_ID_LEN} ASCII letters, digits and `-`, as `cordis session list` shows them")]
+    InvalidId(String),
     /// A corrupt line that is not a torn last line.
     #[error("{path}:{line}: corrupt session log line: {detail}")]
     Corrupt {
@@ -103,6 +106,29 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SessionError + '_ {
         path: path.to_path_buf(),
         source,
     }
+}
+
+/// The longest session id accepted.
+pub const MAX_ID_LEN: usize = 64;
+
+/// Refuses anything but a plain id (`[A-Za-z0-9-]`, 1 to [`MAX_ID_LEN`] characters): an
+/// id becomes a file name in the sessions directory, so `/`, `..`, NUL or an absolute path
+/// must never reach the file system. The error shows at most 80 characters of the id,
+/// escaped.
+pub fn check_id(id: &str) -> Result<(), SessionError> {
+    let valid = !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-');
+    if valid {
+        return Ok(());
+    }
+    let shown: String = id.chars().take(80).collect();
+    let more = if id.chars().count() > 80 { "…" } else { "" };
+    Err(SessionError::InvalidId(format!(
+        "{:?}{more} ({} bytes)",
+        shown,
+        id.len()
+    )))
 }
 
 fn new_id() -> String {
@@ -202,10 +228,7 @@ impl SessionStore {
     }
 
     fn log(&self, id: &str) -> Result<Arc<Log>, SessionError> {
-        let valid = !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-        if !valid {
-            return Err(SessionError::NotFound(id.to_string()));
-        }
+        check_id(id)?;
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(log) = open.get(id) {
             return Ok(log.clone());
@@ -357,6 +380,7 @@ fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(
 fn to_sdk(e: SessionError) -> Error {
     let code = match e {
         SessionError::NotFound(_) => "SESSION_NOT_FOUND",
+        SessionError::InvalidId(_) => cordis_sdk::codes::INVALID_ARGUMENT,
         _ => "SESSION_STORE",
     };
     Error::new(code, e.to_string())
@@ -502,11 +526,56 @@ mod tests {
     }
 
     #[test]
-    fn unknown_and_malicious_ids_are_not_found() {
+    fn unknown_ids_are_not_found_and_malicious_ones_invalid() {
         let state = tempfile::tempdir().unwrap();
         let store = SessionStore::new(state.path());
-        for id in ["nope", "../etc/passwd", ""] {
-            assert!(matches!(store.get(id), Err(SessionError::NotFound(_))));
+        let real = store.create(state.path()).unwrap();
+        // A valid-looking log at every traversal target: without the id check, each of
+        // these ids would find it.
+        let planted = |path: &Path| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let header =
+                serde_json::json!({"type": "header", "version": 1, "id": "evil", "cwd": "/"});
+            std::fs::write(path, format!("{header}\n")).unwrap();
+        };
+        planted(&state.path().join("evil.jsonl"));
+        planted(&state.path().join("sessions/sub/evil.jsonl"));
+        let abs = state.path().join("abs-evil");
+        planted(&abs.with_extension("jsonl"));
+        let long = "a".repeat(5000);
+        let invalid = [
+            "../evil".to_string(),
+            "sub/evil".to_string(),
+            abs.display().to_string(),
+            "..".to_string(),
+            "evil\0".to_string(),
+            "séance".to_string(),
+            "".to_string(),
+            long.clone(),
+            format!("{}\n", real.id),
+        ];
+        for id in &invalid {
+            match store.get(id) {
+                Err(SessionError::InvalidId(shown)) => {
+                    assert!(shown.len() < 200, "the id is shown cut: {shown}");
+                    assert!(!shown.contains('\0') && !shown.contains('\n'), "{shown}");
+                }
+                other => panic!("{id:?}: expected InvalidId, got {:?}", other.map(|i| i.cwd)),
+            }
+            assert!(matches!(
+                store.append(id, "sandbox/mode", serde_json::json!({})),
+                Err(SessionError::InvalidId(_))
+            ));
+            assert!(matches!(
+                store.events(id, None),
+                Err(SessionError::InvalidId(_))
+            ));
         }
+        assert!(matches!(store.get("nope"), Err(SessionError::NotFound(_))));
+        assert!(matches!(
+            store.get(&"a".repeat(MAX_ID_LEN)),
+            Err(SessionError::NotFound(_))
+        ));
+        assert_eq!(store.get(&real.id).unwrap().id, real.id);
     }
 }
