@@ -341,7 +341,12 @@ fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
     let outside = cordis_e2e::Outside::new("session-id");
     // A real session rooted outside, switched to danger-full-access, then moved to where
     // traversal ids lead: without the id check, each id below would run in it.
-    let created = s.run(&["session", "new", "--cwd", &outside.dir.display().to_string()]);
+    let created = s.run(&[
+        "session",
+        "new",
+        "--cwd",
+        &outside.dir.display().to_string(),
+    ]);
     created.expect_code(0);
     let id = created.stdout().trim().to_string();
     s.run(&["session", "set-mode", &id, "danger-full-access"])
@@ -360,7 +365,14 @@ fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
     );
     let absolute = outside.dir.join("evil").display().to_string();
     let long = "a".repeat(5000);
-    for bad in ["../evil", "sub/evil", absolute.as_str(), "..", "séance", &long] {
+    for bad in [
+        "../evil",
+        "sub/evil",
+        absolute.as_str(),
+        "..",
+        "séance",
+        &long,
+    ] {
         let runs = [
             (vec!["call", "--session", bad, "write", write.as_str()], 2),
             (vec!["session", "show", bad], 1),
@@ -387,5 +399,9 @@ fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
     // A well-formed id that does not exist is "no session", not "invalid".
     let run = s.run(&["session", "show", "s0123abc"]);
     run.expect_code(1);
-    assert!(run.stderr().contains("no session `s0123abc`"), "{}", run.context());
+    assert!(
+        run.stderr().contains("no session `s0123abc`"),
+        "{}",
+        run.context()
+    );
 }

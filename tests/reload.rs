@@ -386,12 +386,21 @@ fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
         growth < RSS_GROWTH_BOUND_KIB,
         "resident memory grew by {growth} KiB over 200 reloads (bound {RSS_GROWTH_BOUND_KIB} KiB)"
     );
-    let copies = std::fs::read_dir(s.path().join("state/run"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert!(
-        copies <= 4,
-        "{copies} library copies left behind (old generations must be removed)"
+    let copies: Vec<String> = std::fs::read_dir(s.path().join("state/run"))
+        .expect("state/run holds the live generation's library copies")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let live: std::collections::BTreeSet<std::path::PathBuf> = rt
+        .composition()
+        .plan
+        .entries
+        .iter()
+        .map(|p| p.library.path.clone())
+        .collect();
+    assert_eq!(
+        copies.len(),
+        live.len(),
+        "one copy per live library, every old generation's removed: {copies:?}"
     );
     rt.shutdown();
 }
@@ -603,15 +612,31 @@ fn reading_a_library_is_not_a_change() {
     let (s, lib) = reload_project(1, "- name: fixture-reload\n");
     let log_path = s.path().join("run.log");
     let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
-    cmd.env("RUST_LOG", "cordis_host=debug")
+    cmd.env("RUST_LOG", "cordis_host=debug,cordis_host::watch=trace")
         .stderr(std::fs::File::create(&log_path).expect("create the log"));
     let mut mcp = McpStdio::start(cmd);
     for _ in 0..3 {
         std::fs::read(&lib).expect("read the library");
         s.run(&["check", "--plugin-path", "plugins"]).expect_code(0);
     }
-    // Longer than the quiet period and a reload.
-    std::thread::sleep(cordis_host::watch::QUIET * 3);
+    // A barrier: a real change beside the library that is no library. The watcher handles
+    // events in order, so once it reports ignoring this one, the reads before it were
+    // handled: counted as changes, they would have reloaded in an earlier batch or made
+    // this batch relevant.
+    let barrier = lib.with_file_name("barrier.txt");
+    std::fs::write(&barrier, "not a library").expect("write the barrier");
+    eventually(
+        "the watcher handles the barrier",
+        Duration::from_secs(20),
+        || {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.contains("ignored changes") && log.contains("barrier.txt") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    );
     assert_eq!(
         mcp.call("reload-version", serde_json::json!({})),
         (false, "build 1, greeting ".into())

@@ -487,9 +487,21 @@ fn escalation_matrix_for_write_edit_and_bash() {
             let asker = Asker::install(&started, *outcome);
             let before = events();
             let args = escalating_call(tool, &outside, requested);
+            let granted = match tool {
+                "write" => format!(
+                    "Wrote {} bytes to {} (replaced) under `danger-full-access`, approved for this call only",
+                    escalated.len(),
+                    outside.victim().display()
+                ),
+                "edit" => format!(
+                    "Replaced 1 occurrence in {} under `danger-full-access`, approved for this call only",
+                    outside.victim().display()
+                ),
+                _ => "[exit code 0]".to_string(),
+            };
             let r = match refusal {
                 Some(text) => check(&started, &s, tool, args, Want::ErrorExact(text)),
-                None => check(&started, &s, tool, args, Want::Ok("")),
+                None => check(&started, &s, tool, args, Want::Exact(&granted)),
             };
             let want_victim = if refusal.is_some() {
                 VICTIM
