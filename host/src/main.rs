@@ -452,6 +452,12 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
     } else {
         None
     };
+    // A session to resume must exist before anything is applied.
+    if let Some(id) = &args.session {
+        host.sessions
+            .get(id)
+            .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session"))?;
+    }
     let runtime = Runtime::start(host);
     let runtime = match runtime {
         Ok(r) => r,

@@ -166,7 +166,7 @@ fn open_session(runtime: &Runtime, options: &McpOptions) -> anyhow::Result<Sessi
     match &options.session {
         Some(id) => sessions
             .get(id)
-            .with_context(|| format!("no session `{id}`; omit the session to start a new one")),
+            .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session")),
         None => {
             let cwd = match &options.cwd {
                 Some(cwd) => cwd.clone(),

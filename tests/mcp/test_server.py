@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CONFINED, DENIED, EXAMPLE, MODES, Workspace, show, text, texts
+from conftest import CONFINED, DENIED, EXAMPLE, MODES, Workspace, required_env, show, text, texts
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, InputRequiredResult
 
 ESCALATE = {"sandbox_permissions": "danger-full-access", "justification": "the change is needed outside the project"}
@@ -27,8 +28,7 @@ async def test_lists_tools_with_schemas_and_identifies_itself(ws: Workspace, mod
     ws.manifest(EXAMPLE)
     async with ws.connect(ws.project("p"), mode=mode) as client:
         info = client.server_info
-        if info is not None or mode == "legacy":
-            assert info is not None and info.name == "cordis"
+        assert info is not None and info.name == "cordis", info
         tools = client.server_capabilities.tools
         assert tools is not None and tools.list_changed is True
         listing = await client.list_tools()
@@ -255,11 +255,36 @@ async def test_two_sessions_with_different_roots_run_concurrently(ws: Workspace,
             assert not (proj / f"y{other}{i}.txt").exists()
 
 
-async def test_resuming_an_unknown_session_fails_to_start(ws: Workspace) -> None:
+@pytest.mark.parametrize(
+    ("session", "says"),
+    [
+        ("no-such-session", "no session `no-such-session`"),
+        ("../../escape", 'invalid session id "../../escape"'),
+    ],
+)
+async def test_resuming_an_unknown_or_invalid_session_fails_to_start(ws: Workspace, session: str, says: str) -> None:
+    """The server refuses before it speaks MCP or applies anything: exit 1, the reason on
+    stderr, nothing on the protocol stream."""
     ws.manifest(EXAMPLE)
-    with pytest.raises(BaseException):  # noqa: B017 - the client reports a dead server in several ways
-        async with ws.connect(ws.project("p"), extra_args=["--session", "no-such-session"]) as client:
-            await client.list_tools()
+    proc = await asyncio.create_subprocess_exec(
+        required_env("CORDIS_BIN"),
+        "run",
+        "-c",
+        str(ws.root / "cordis.yml"),
+        "--session",
+        session,
+        cwd=str(ws.project("p")),
+        env={**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "RUST_LOG": "info"},
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=60)
+    log = stderr.decode()
+    assert proc.returncode == 1, log
+    assert says in log and "omit --session to start a new session" in log, log
+    assert stdout == b"", stdout
+    assert "greeter ready" not in log, "nothing is applied for a session that cannot be resumed"
 
 
 # --- fuzz ---------------------------------------------------------------------------------
