@@ -6,10 +6,13 @@
 //! compared byte for byte before and after.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use cordis_e2e::{unique, Outside, Scratch, Started, VICTIM};
+use cordis_e2e::{unique, McpStdio, Outside, Scratch, Started, VICTIM};
 use cordis_host::registry::ToolSlot;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::{CallContext, SessionInfo, ToolResult};
@@ -33,17 +36,31 @@ enum Backends {
     Local,
 }
 
-/// The policy service (default `mode`, fallback root `root`), the backends, both tools.
-fn compose(scratch: &Scratch, mode: SandboxMode, root: &Path, backends: Backends) -> Started {
+/// Writes `cordis.yml`: the policy service (default `mode`, fallback root `root`), the
+/// backends, both tools; `tool_fs_config` is the `dsh-tool-fs` entry's config as a YAML
+/// flow mapping (`{}` for none).
+fn manifest(
+    scratch: &Scratch,
+    mode: SandboxMode,
+    root: &Path,
+    backends: Backends,
+    tool_fs_config: &str,
+) {
     let (fs, shell) = match backends {
         Backends::Confined => ("dsh-fs-sandbox", "dsh-bash-sandbox"),
         Backends::Local => ("dsh-fs-local", "dsh-bash-local"),
     };
     scratch.manifest(&format!(
         "- name: dsh-sandbox-policy\n  config:\n    mode: {mode}\n    workspaceRoot: '{}'\n\
-         - name: {fs}\n- name: {shell}\n- name: dsh-tool-fs\n- name: dsh-tool-bash\n",
+         - name: {fs}\n- name: {shell}\n- name: dsh-tool-fs\n  config: {tool_fs_config}\n\
+         - name: dsh-tool-bash\n",
         root.display()
     ));
+}
+
+/// The policy service (default `mode`, fallback root `root`), the backends, both tools.
+fn compose(scratch: &Scratch, mode: SandboxMode, root: &Path, backends: Backends) -> Started {
+    manifest(scratch, mode, root, backends, "{}");
     scratch.start()
 }
 
@@ -353,6 +370,374 @@ fn file_tools_work_inside_the_session_root() {
         std::fs::read_to_string(&a).expect("a.txt on disk"),
         "one\n2\nthree\n"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Bounded reads
+
+/// How long one `cordis call` may take before it counts as blocked; a debug build answers
+/// in well under a second.
+const CALL_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The data segment one `cordis call` may use: ample for the host and every plugin, far
+/// below what holding a gigabyte file takes.
+const CALL_MAX_DATA: u64 = 512 << 20;
+
+/// Runs `cordis call TOOL ARGS` in `scratch` under [`CALL_DEADLINE`] and [`CALL_MAX_DATA`],
+/// checks that it exits with `code` and prints every needle, and returns its stdout.
+fn call(scratch: &Scratch, tool: &str, args: Value, code: i32, needles: &[&str]) -> String {
+    let args = args.to_string();
+    let run = scratch.run_bounded(&["call", tool, &args], CALL_DEADLINE, CALL_MAX_DATA);
+    run.expect_code(code).expect_output(needles);
+    run.stdout()
+}
+
+/// Creates a FIFO at `path`; nothing ever opens it for writing.
+fn mkfifo(path: &Path) {
+    use rustix::fs::{mknodat, FileType, Mode, CWD};
+    mknodat(CWD, path, FileType::Fifo, Mode::RUSR | Mode::WUSR, 0)
+        .unwrap_or_else(|e| panic!("mkfifo {}: {e}", path.display()));
+}
+
+#[test]
+fn fifos_sockets_devices_and_directories_are_refused_without_blocking() {
+    for backends in [Backends::Confined, Backends::Local] {
+        let scratch = Scratch::new();
+        let root = scratch.path();
+        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+        let pipe = root.join("pipe");
+        mkfifo(&pipe);
+        std::os::unix::fs::symlink(&pipe, root.join("link-to-pipe")).expect("symlink");
+        let _socket = UnixListener::bind(root.join("socket")).expect("bind a unix socket");
+        std::fs::create_dir(root.join("dir")).expect("mkdir");
+        let refused = |op: &str, path: &str, kind: &str| {
+            let shown = if path.starts_with('/') {
+                path.to_string()
+            } else {
+                root.join(path).display().to_string()
+            };
+            format!("cannot {op} `{shown}`: it is {kind}, not a regular file")
+        };
+        let fifo = "a FIFO (named pipe)";
+        let edit_pipe = json!({"path": "pipe", "old_string": "a", "new_string": "b"});
+        let cases: [(&str, Value, String); 7] = [
+            (
+                "read",
+                json!({"path": "pipe"}),
+                refused("read", "pipe", fifo),
+            ),
+            (
+                "read",
+                json!({"path": "pipe", "offset": 2, "limit": 1}),
+                refused("read", "pipe", fifo),
+            ),
+            (
+                "read",
+                json!({"path": "link-to-pipe"}),
+                refused("read", "link-to-pipe", fifo),
+            ),
+            ("edit", edit_pipe, refused("read", "pipe", fifo)),
+            (
+                "read",
+                json!({"path": "socket"}),
+                refused("read", "socket", "a socket"),
+            ),
+            (
+                "read",
+                json!({"path": "/dev/zero"}),
+                refused("read", "/dev/zero", "a character device"),
+            ),
+            (
+                "read",
+                json!({"path": "dir"}),
+                refused("read", "dir", "a directory"),
+            ),
+        ];
+        for (tool, args, want) in cases {
+            // Exit 1: an error result naming the path and its kind, with a fix.
+            call(
+                &scratch,
+                tool,
+                args,
+                1,
+                &[&want, "[FS_WRONG_KIND]", "\nhelp: "],
+            );
+        }
+        let kind = std::fs::symlink_metadata(&pipe).expect("lstat the FIFO");
+        assert!(
+            kind.file_type().is_fifo(),
+            "{backends:?}: the refused edit must leave the FIFO in place"
+        );
+    }
+}
+
+#[test]
+fn a_fifo_does_not_stall_the_mcp_server() {
+    let s = Scratch::with_bundled_manifest();
+    mkfifo(&s.path().join("pipe"));
+    s.write("notes.txt", "still here\n");
+    let mut mcp = McpStdio::start(s.cordis(&["run", "--no-watch"]));
+    let (is_error, text) = mcp.call("read", json!({"path": "pipe"}));
+    assert!(
+        is_error && text.contains("it is a FIFO (named pipe), not a regular file"),
+        "reading a FIFO must be refused at once: {text}"
+    );
+    let (is_error, text) = mcp.call("read", json!({"path": "notes.txt"}));
+    assert!(
+        !is_error && text == "still here\n",
+        "the server must go on serving: {text}"
+    );
+    assert!(
+        mcp.finish().success(),
+        "the server must exit cleanly at the end of input"
+    );
+}
+
+/// `count` lines `line 1`, `line 2`, ... joined, each with its break.
+fn numbered(lines: std::ops::RangeInclusive<u64>) -> String {
+    lines.map(|n| format!("line {n}\n")).collect()
+}
+
+#[test]
+fn binary_content_is_described_never_dumped() {
+    for backends in [Backends::Confined, Backends::Local] {
+        let scratch = Scratch::new();
+        let root = scratch.path();
+        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+        std::fs::write(root.join("nul.bin"), b"text\0more\n").expect("write nul.bin");
+        std::fs::write(root.join("latin1.txt"), b"caf\xe9\n").expect("write latin1.txt");
+        let sparse = std::fs::File::create(root.join("sparse.bin")).expect("create sparse.bin");
+        sparse.set_len(1 << 30).expect("make sparse.bin 1 GiB");
+        // 1000 lines of 17 bytes, past the 8 KiB sniffed at the start, then a NUL.
+        let row = "0123456789abcdef\n";
+        let late = format!("{}x\0y\nafter\n", row.repeat(1000));
+        std::fs::write(root.join("late.txt"), late).expect("write late.txt");
+        let late_path = root.join("late.txt").display().to_string();
+        let binary = |name: &str, detail: &str| {
+            format!(
+                "`{}` is a binary file ({detail}), not text; its content is not shown",
+                root.join(name).display()
+            )
+        };
+        let xxd = |name: &str| format!("xxd '{}' | head", root.join(name).display());
+        let cases: [(&str, String, String); 3] = [
+            (
+                "nul.bin",
+                binary("nul.bin", "10 bytes; a NUL byte at byte 4"),
+                xxd("nul.bin"),
+            ),
+            (
+                "latin1.txt",
+                binary("latin1.txt", "5 bytes; invalid UTF-8 at byte 3"),
+                xxd("latin1.txt"),
+            ),
+            (
+                "sparse.bin",
+                binary("sparse.bin", "1073741824 bytes; a NUL byte at byte 0"),
+                xxd("sparse.bin"),
+            ),
+        ];
+        for (name, message, hint) in cases {
+            let out = call(
+                &scratch,
+                "read",
+                json!({ "path": name }),
+                1,
+                &[&message, &hint, "[FS_NOT_TEXT]"],
+            );
+            assert!(out.len() < 1024, "{name}: a short refusal, got {out:?}");
+        }
+        // A page stops before a binary line past the sniffed start ...
+        let out = call(
+            &scratch,
+            "read",
+            json!({"path": "late.txt", "offset": 999}),
+            0,
+            &[],
+        );
+        let want = format!(
+            "{row}{row}[Stopped before line 1001: it holds binary content (a NUL byte at byte 17001), which is not shown; lines 999-1000 shown. To inspect it, use `bash`, e.g. `xxd -s 17001 -l 256 '{late_path}'`.]\n"
+        );
+        assert_eq!(
+            out, want,
+            "{backends:?}: the page ends before the binary line"
+        );
+        // ... a page starting at it is refused, and the text after it reads.
+        call(
+            &scratch,
+            "read",
+            json!({"path": "late.txt", "offset": 1001}),
+            1,
+            &["a NUL byte at byte 17001", "[FS_NOT_TEXT]"],
+        );
+        let out = call(
+            &scratch,
+            "read",
+            json!({"path": "late.txt", "offset": 1002}),
+            0,
+            &[],
+        );
+        assert_eq!(
+            out, "after\n\n",
+            "{backends:?}: the line after the binary one"
+        );
+    }
+}
+
+#[test]
+fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
+    for backends in [Backends::Confined, Backends::Local] {
+        let scratch = Scratch::new();
+        let root = scratch.path();
+        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+        let text = numbered(1..=3000);
+        std::fs::write(root.join("huge.txt"), &text).expect("write huge.txt");
+        let huge = std::fs::OpenOptions::new()
+            .write(true)
+            .open(root.join("huge.txt"))
+            .expect("open huge.txt");
+        huge.set_len(1 << 30).expect("extend huge.txt to 1 GiB");
+        let out = call(&scratch, "read", json!({"path": "huge.txt"}), 0, &[]);
+        let want = format!(
+            "{}[Cut at the 2000-line read cap: lines 1-2000 shown; the file (1073741824 bytes) goes on. To continue, call read with offset 2001.]\n",
+            numbered(1..=2000)
+        );
+        assert_eq!(
+            out, want,
+            "{backends:?}: the first page, cut by the default line cap"
+        );
+        assert!(
+            out.len() < 32 * 1024,
+            "{backends:?}: the output of a 1 GiB file must stay small, got {} bytes",
+            out.len()
+        );
+        let out = call(
+            &scratch,
+            "read",
+            json!({"path": "huge.txt", "offset": 2001}),
+            0,
+            &[],
+        );
+        let want = format!(
+            "{}[Stopped before line 3001: it holds binary content (a NUL byte at byte {}), which is not shown; lines 2001-3000 shown. To inspect it, use `bash`, e.g. `xxd -s {} -l 256 '{}'`.]\n",
+            numbered(2001..=3000),
+            text.len(),
+            text.len(),
+            root.join("huge.txt").display()
+        );
+        assert_eq!(out, want, "{backends:?}: the second page, up to the zeros");
+        let out = call(
+            &scratch,
+            "read",
+            json!({"path": "huge.txt", "offset": 2990, "limit": 3}),
+            0,
+            &[],
+        );
+        assert_eq!(
+            out,
+            format!("{}\n", numbered(2990..=2992)),
+            "{backends:?}: a limited page"
+        );
+    }
+}
+
+#[test]
+fn read_pages_follow_the_configured_caps() {
+    let scratch = Scratch::new();
+    let root = scratch.path();
+    manifest(
+        &scratch,
+        WorkspaceWrite,
+        &root,
+        Backends::Confined,
+        "{readMaxLines: 3, readMaxBytes: 64, readMaxLineBytes: 10}",
+    );
+    let started = scratch.start();
+    let s = started.session(&root);
+    scratch.write("five.txt", "one\ntwo\nthree\nfour\nfive\n");
+    scratch.write("wide.txt", &format!("{0}\n{0}\n", "x".repeat(30)));
+    scratch.write("long.txt", &format!("short\n{}\nend", "y".repeat(25)));
+    scratch.write("accents.txt", "aéééééé\n");
+    let path = |name: &str| root.join(name).display().to_string();
+    let cut_at = |cap: &str, shown: &str, size: &str, next: u64| {
+        format!("[Cut at the {cap} read cap: {shown}; the file{size} goes on. To continue, call read with offset {next}.]")
+    };
+    let long = |line: u64, file: &str| {
+        format!("[Line {line} is longer than 10 bytes: cut there and marked `[… line cut: <length> bytes]`. To see a whole line, use `bash`, e.g. `sed -n '{line}p' '{}' | fold -w 10`.]", path(file))
+    };
+    let pages = [
+        (
+            json!({"path": "five.txt"}),
+            format!(
+                "one\ntwo\nthree\n{}",
+                cut_at("3-line", "lines 1-3 shown", " (24 bytes)", 4)
+            ),
+        ),
+        (
+            json!({"path": "five.txt", "offset": 4}),
+            "four\nfive\n".to_string(),
+        ),
+        (
+            json!({"path": "five.txt", "offset": 2, "limit": 2}),
+            "two\nthree\n".to_string(),
+        ),
+        (
+            json!({"path": "five.txt", "offset": 2, "limit": 4}),
+            format!(
+                "two\nthree\nfour\n{}",
+                cut_at("3-line", "lines 2-4 shown", " (24 bytes)", 5)
+            ),
+        ),
+        (
+            json!({"path": "wide.txt"}),
+            format!(
+                "xxxxxxxxxx [… line cut: 30 bytes]\n{}\n{}",
+                long(1, "wide.txt"),
+                cut_at("64-byte", "line 1 shown", " (62 bytes)", 2)
+            ),
+        ),
+        (
+            json!({"path": "wide.txt", "offset": 2}),
+            format!("xxxxxxxxxx [… line cut: 30 bytes]\n{}", long(2, "wide.txt")),
+        ),
+        (
+            json!({"path": "long.txt"}),
+            format!(
+                "short\nyyyyyyyyyy [… line cut: 25 bytes]\nend\n{}",
+                long(2, "long.txt")
+            ),
+        ),
+        (
+            json!({"path": "accents.txt"}),
+            format!("aéééé [… line cut: 13 bytes]\n{}", long(1, "accents.txt")),
+        ),
+    ];
+    for (args, want) in pages {
+        check(&started, &s, "read", args, Want::Exact(&want));
+    }
+    check(
+        &started,
+        &s,
+        "read",
+        json!({"path": "five.txt", "offset": 6}),
+        Want::Error("`offset` 6 is past the end of"),
+    );
+    // /proc files report size 0 and still read, whole or up to the caps.
+    check(
+        &started,
+        &s,
+        "read",
+        json!({"path": "/proc/sys/kernel/ostype"}),
+        Want::Exact("Linux\n"),
+    );
+    let status = check(
+        &started,
+        &s,
+        "read",
+        json!({"path": "/proc/self/status"}),
+        Want::Ok(&cut_at("64-byte", "line 1 shown", "", 2)),
+    );
+    assert!(status.text.starts_with("Name:\t"), "{status:?}");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 pub mod bench;
 
@@ -207,6 +208,54 @@ impl Scratch {
             what: format!("cordis {}", args.join(" ")),
             cwd: self.path(),
             output,
+            killed_at: None,
+        }
+    }
+
+    /// Runs `cordis ARGS` the way hostile input must not be able to stall or exhaust the
+    /// tests: the child is killed when `deadline` passes (its [`Run`] then says so and has
+    /// no exit code), and its data segment is limited to `max_data` bytes (`RLIMIT_DATA`),
+    /// so a runaway allocation fails inside the child instead of exhausting the machine.
+    pub fn run_bounded(&self, args: &[&str], deadline: Duration, max_data: u64) -> Run {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = self.cordis(args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // setrlimit, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: max_data,
+                    rlim_max: max_data,
+                };
+                match libc::setrlimit(libc::RLIMIT_DATA, &limit) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            });
+        }
+        let child = cmd.spawn().expect("failed to run cordis");
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let (output, killed_at) = match rx.recv_timeout(deadline) {
+            Ok(output) => (output, None),
+            Err(_) => {
+                // The waiting thread reaps the child only after it exits, so `pid` is
+                // still this child.
+                // SAFETY: kill(2) on a pid this function spawned and has not reaped.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let output = rx.recv().expect("the waiting thread reports the exit");
+                (output, Some(deadline))
+            }
+        };
+        Run {
+            what: format!("cordis {}", args.join(" ")),
+            cwd: self.path(),
+            output: output.expect("wait for cordis"),
+            killed_at,
         }
     }
 
@@ -310,6 +359,8 @@ pub struct Run {
     cwd: PathBuf,
     /// Its output.
     pub output: Output,
+    /// The deadline it was killed at, when it did not finish before it.
+    killed_at: Option<Duration>,
 }
 
 impl Run {
@@ -339,11 +390,14 @@ impl Run {
                     .to_string()
             })
             .collect();
+        let exit = match self.killed_at {
+            Some(deadline) => format!("none: killed when the {deadline:?} deadline passed"),
+            None => format!("{:?}", self.code()),
+        };
         format!(
-            "command: {}\ncwd: {}\nexit: {:?}\nlisting: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            "command: {}\ncwd: {}\nexit: {exit}\nlisting: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
             self.what,
             self.cwd.display(),
-            self.code(),
             listing.join(", "),
             self.stdout(),
             self.stderr()

@@ -1,7 +1,9 @@
 //! The `fs` seam: the interface every filesystem backend (`dsh-fs-local`, `dsh-fs-sandbox`)
 //! provides and every consumer (`dsh-tool-fs`) injects. Paths are absolute: the caller
 //! resolves a model's relative path against the session cwd. The mutations carry an
-//! optional per-call [`SandboxExecutionPolicy`]; a plain local backend ignores it.
+//! optional per-call [`SandboxExecutionPolicy`]; a plain local backend ignores it. Reads
+//! open only regular files, never blocking on a FIFO or a device; [`ReadLines`] is the
+//! bounded read for anything a model asks for.
 
 use std::path::PathBuf;
 
@@ -19,9 +21,10 @@ pub mod codes {
     pub const FS_PERMISSION_DENIED: &str = "FS_PERMISSION_DENIED";
     /// No such file or directory.
     pub const FS_NOT_FOUND: &str = "FS_NOT_FOUND";
-    /// The file is not UTF-8 text.
+    /// The file is not UTF-8 text (a NUL byte or invalid UTF-8: binary content).
     pub const FS_NOT_TEXT: &str = "FS_NOT_TEXT";
-    /// The path is a directory where a file was expected (or the reverse).
+    /// The path is not the kind of object the operation needs: a directory where a file
+    /// was expected (or the reverse), or a FIFO, socket or device where a regular file was.
     pub const FS_WRONG_KIND: &str = "FS_WRONG_KIND";
     /// `edit_text`: `old_string` was not found.
     pub const FS_EDIT_NO_MATCH: &str = "FS_EDIT_NO_MATCH";
@@ -63,6 +66,76 @@ pub struct DirEntry {
     pub name: String,
     /// Kind (not following symlinks).
     pub kind: Kind,
+}
+
+/// `read_lines` arguments: a page of lines, bounded by [`ReadCaps`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadLines {
+    /// Absolute path of a regular text file.
+    pub path: PathBuf,
+    /// The first line to return, counting from 1.
+    pub offset: u64,
+    /// The most lines to return; `None`: as many as the caps allow.
+    pub limit: Option<u64>,
+    /// What one page may hold at most.
+    pub caps: ReadCaps,
+}
+
+/// The most one `read_lines` page holds. Every cap is at least 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadCaps {
+    /// Lines per page.
+    pub max_lines: u64,
+    /// Bytes of text per page (the first line is always returned, cut to this size).
+    pub max_bytes: u64,
+    /// Bytes per line: a longer line is cut and marked (see [`Lines::long_lines`]).
+    pub max_line_bytes: u64,
+}
+
+/// What ended a page before the end of the file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cut {
+    /// The cap [`ReadCaps::max_lines`].
+    MaxLines,
+    /// The cap [`ReadCaps::max_bytes`].
+    MaxBytes,
+    /// The next line holds binary content, which is never returned: `what` (e.g. "a NUL
+    /// byte") at byte `at` of the file. (When the page's first line does, the read fails
+    /// with `FS_NOT_TEXT` instead.)
+    Binary {
+        /// What was found.
+        what: String,
+        /// Where, in bytes from the start of the file.
+        at: u64,
+    },
+}
+
+/// `read_lines` result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lines {
+    /// The lines from `offset` on, each with its own line break. A line longer than
+    /// [`ReadCaps::max_line_bytes`] (or `max_bytes`, when smaller) is cut there, on a
+    /// character boundary, and ends in [`line_cut_marker`] before its break.
+    pub text: String,
+    /// How many lines `text` holds.
+    pub count: u64,
+    /// The file's size as the file system reports it (0 for many `/proc` files, which
+    /// are read all the same).
+    pub size: u64,
+    /// What ended the page while the file goes on; `None` when the page ends at the end
+    /// of the file or after `limit` lines.
+    pub cut: Option<Cut>,
+    /// The number of lines in the file, when the read reached its end.
+    pub total: Option<u64>,
+    /// The line numbers of the lines in `text` that were cut.
+    pub long_lines: Vec<u64>,
+}
+
+/// What ends a cut line in [`Lines::text`]: `bytes` is the whole line's length, its line
+/// break excluded.
+pub fn line_cut_marker(bytes: impl std::fmt::Display) -> String {
+    format!(" [… line cut: {bytes} bytes]")
 }
 
 /// `write_text` arguments.
@@ -109,13 +182,18 @@ pub struct Edited {
 
 cordis_sdk::interface! {
     /// A text filesystem. Reads always pass; mutations are atomic (temp file + rename).
-    pub trait FileSystem as FsClient ("dsh.fs", 1) {
+    pub trait FileSystem as FsClient ("dsh.fs", 2) {
         /// Canonicalizes an absolute path (the deepest existing ancestor is resolved).
         fn resolve(&self, path: PathBuf) -> PathBuf;
         /// Metadata, following symlinks.
         fn stat(&self, path: PathBuf) -> Stat;
-        /// The whole file as UTF-8 text.
+        /// The whole regular file as UTF-8 text, however large; a FIFO, socket or device
+        /// is refused without blocking on it.
         fn read_text(&self, path: PathBuf) -> String;
+        /// A page of lines of a regular text file, bounded by its caps whatever the
+        /// file's size; binary content and FIFOs, sockets and devices are refused (the
+        /// latter without blocking on them).
+        fn read_lines(&self, args: ReadLines) -> Lines;
         /// Directory entries, sorted by name.
         fn list_dir(&self, path: PathBuf) -> Vec<DirEntry>;
         /// Atomically replaces (or creates) a file.

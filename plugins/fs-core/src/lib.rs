@@ -3,20 +3,24 @@
 //! performed through a handle to the target's parent directory ([`Target`]). A backend only
 //! decides HOW that handle is obtained: ambiently ([`Target::ambient`]) or resolved beneath a
 //! writable root ([`Target::beneath`]), which is what makes the sandbox fence race-free.
+//!
+//! Every read opens with `O_NONBLOCK | O_NOCTTY` and asks the opened descriptor what it is,
+//! so a FIFO, socket or device is refused without ever blocking on it; [`read_lines`]
+//! streams a page of lines whose size its caps bound, whatever the file's size.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::{self, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, OpenOptions};
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use cordis_sdk::{Error, Result};
 use dsh_fs_api::codes;
-use dsh_fs_api::{DirEntry, Edited, Kind, Stat, Written};
+use dsh_fs_api::{line_cut_marker, Cut, DirEntry, Edited, Kind, Lines, ReadLines, Stat, Written};
 use dsh_sandbox::SandboxMode;
 
 /// Checks that `path` is usable: non-empty, without NUL bytes, absolute.
@@ -144,11 +148,348 @@ fn utf8(bytes: Vec<u8>, path: &Path) -> Result<String> {
     })
 }
 
-/// The whole file at `path` as UTF-8 text.
+/// The flags every read opens with: `O_NONBLOCK`, so opening a FIFO never waits for a
+/// writer, and `O_NOCTTY`, so opening a terminal never makes it the controlling one. A
+/// regular file reads the same with or without them.
+const READ_FLAGS: i32 = libc::O_NONBLOCK | libc::O_NOCTTY;
+
+/// How much of a file's start [`read_lines`] checks for binary content, whatever the offset.
+pub const SNIFF_BYTES: usize = 8 * 1024;
+
+/// What a file of type `t` is when it is not a regular file, for an error message.
+fn not_regular_kind(t: std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO (named pipe)")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_block_device() {
+        Some("a block device")
+    } else {
+        Some("a special file")
+    }
+}
+
+fn not_regular(path: &Path, op: &str, kind: &str) -> Error {
+    let help = if kind == "a directory" {
+        "list the directory instead, or name a file inside it".to_string()
+    } else {
+        format!(
+            "only regular files can be read as text; {kind} may never end or never answer. \
+             To look at it anyway, use a shell command with a bound, e.g. \
+             `timeout 5 head -c 4096 '{}' | xxd`",
+            path.display()
+        )
+    };
+    Error::new(
+        codes::FS_WRONG_KIND,
+        format!(
+            "cannot {op} `{}`: it is {kind}, not a regular file",
+            path.display()
+        ),
+    )
+    .with_help(help)
+}
+
+/// Checks that `opened`, the result of opening `path` with [`READ_FLAGS`], is a regular
+/// file: the opened descriptor's own `fstat` decides, so what is checked is what is read.
+/// Returns the file and its reported size; `err` maps an error of the open itself.
+fn regular(
+    opened: io::Result<std::fs::File>,
+    path: &Path,
+    op: &str,
+    err: impl FnOnce(io::Error) -> Error,
+) -> Result<(std::fs::File, u64)> {
+    let file = match opened {
+        Ok(file) => file,
+        // A socket cannot be opened at all ("no such device or address"): name what is
+        // there. The path is only looked at to word the refusal, never opened.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            let kind = std::fs::metadata(path)
+                .ok()
+                .and_then(|m| not_regular_kind(m.file_type()));
+            return Err(match kind {
+                Some(kind) => not_regular(path, op, kind),
+                None => err(e),
+            });
+        }
+        Err(e) => return Err(err(e)),
+    };
+    let meta = file.metadata().map_err(|e| io_error(e, op, path))?;
+    match not_regular_kind(meta.file_type()) {
+        Some(kind) => Err(not_regular(path, op, kind)),
+        None => Ok((file, meta.len())),
+    }
+}
+
+/// Opens `path` ambiently for reading; anything but a regular file is refused unblocked.
+fn open_regular(path: &Path, op: &str) -> Result<(std::fs::File, u64)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(READ_FLAGS)
+        .open(path);
+    regular(opened, path, op, |e| io_error(e, op, path))
+}
+
+fn read_all(mut file: std::fs::File, path: &Path) -> Result<String> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| io_error(e, "read", path))?;
+    utf8(bytes, path)
+}
+
+/// The whole regular file at `path` as UTF-8 text.
 pub fn read_text(path: &Path) -> Result<String> {
     check_path(path)?;
-    let bytes = std::fs::read(path).map_err(|e| io_error(e, "read", path))?;
-    utf8(bytes, path)
+    let (file, _) = open_regular(path, "read")?;
+    read_all(file, path)
+}
+
+/// A page of lines of the regular file at `args.path` (see [`ReadLines`]). It streams
+/// through the file: whatever the file's size, it holds the page, one line of at most
+/// `max_line_bytes`, the first [`SNIFF_BYTES`] and a read buffer, and lines skipped to
+/// reach `offset` are counted, never kept. A NUL byte or invalid UTF-8 in the first
+/// [`SNIFF_BYTES`] or in a line of the page makes it binary: `FS_NOT_TEXT`.
+pub fn read_lines(args: &ReadLines) -> Result<Lines> {
+    check_path(&args.path)?;
+    let caps = args.caps;
+    if args.offset == 0 || args.limit == Some(0) {
+        return Err(Error::invalid("`offset` and `limit` count from 1")
+            .with_help("pass offset 1 for the first line"));
+    }
+    if caps.max_lines == 0 || caps.max_bytes == 0 || caps.max_line_bytes == 0 {
+        return Err(
+            Error::invalid(format!("every read cap must be at least 1, got {caps:?}"))
+                .with_help("raise the caps that are 0"),
+        );
+    }
+    let (file, size) = open_regular(&args.path, "read")?;
+    page(file, size, args)
+}
+
+/// A page of `args` from `input`, the content of `args.path`, whose reported size is `size`.
+fn page(mut input: impl Read, size: u64, args: &ReadLines) -> Result<Lines> {
+    let path = &args.path;
+    let io = |e: io::Error| io_error(e, "read", path);
+    let mut head = Vec::with_capacity(SNIFF_BYTES);
+    (&mut input)
+        .take(SNIFF_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    if let Err((at, evidence)) = line_text(&head, head.len() == SNIFF_BYTES) {
+        return Err(binary(path, size, evidence, at as u64));
+    }
+    let mut reader = BufReader::with_capacity(64 * 1024, io::Cursor::new(head).chain(input));
+    let caps = args.caps;
+    let line_cap = usize::try_from(caps.max_line_bytes.min(caps.max_bytes)).unwrap_or(usize::MAX);
+    let want = args.limit.map_or(caps.max_lines, |l| l.min(caps.max_lines));
+    let mut lines = Lines {
+        text: String::new(),
+        count: 0,
+        size,
+        cut: None,
+        total: None,
+        long_lines: Vec::new(),
+    };
+    // Lines and bytes consumed so far.
+    let (mut number, mut pos) = (0u64, 0u64);
+    while number + 1 < args.offset {
+        if at_end(&mut reader).map_err(io)? {
+            lines.total = Some(number);
+            return Ok(lines);
+        }
+        let (len, broke) = skip_rest(&mut reader).map_err(io)?;
+        number += 1;
+        pos += len + u64::from(broke);
+    }
+    let mut line = Vec::new();
+    loop {
+        if lines.count == want {
+            if at_end(&mut reader).map_err(io)? {
+                lines.total = Some(number);
+            } else if args.limit.is_none_or(|l| l > caps.max_lines) {
+                lines.cut = Some(Cut::MaxLines);
+            }
+            break;
+        }
+        let Some(end) = line_start(&mut reader, &mut line, line_cap).map_err(io)? else {
+            lines.total = Some(number);
+            break;
+        };
+        number += 1;
+        let shown = match line_text(&line, end == LineEnd::Beyond) {
+            Ok(shown) => shown,
+            Err((at, evidence)) if lines.count == 0 => {
+                return Err(binary(path, size, evidence, pos + at as u64))
+            }
+            Err((at, evidence)) => {
+                lines.cut = Some(Cut::Binary {
+                    what: evidence.to_string(),
+                    at: pos + at as u64,
+                });
+                break;
+            }
+        };
+        // The most this line adds: a cut line's marker and break are not known yet.
+        let added = match end {
+            LineEnd::Break => shown.len() + 1,
+            LineEnd::End => shown.len(),
+            LineEnd::Beyond => shown.len() + line_cut_marker(u64::MAX).len() + 1,
+        };
+        if lines.count > 0 && (lines.text.len() + added) as u64 > caps.max_bytes {
+            lines.cut = Some(Cut::MaxBytes);
+            break;
+        }
+        let (len, broke) = match end {
+            LineEnd::Break => (line.len() as u64, true),
+            LineEnd::End => (line.len() as u64, false),
+            LineEnd::Beyond => {
+                let (rest, broke) = skip_rest(&mut reader).map_err(io)?;
+                (line.len() as u64 + rest, broke)
+            }
+        };
+        pos += len + u64::from(broke);
+        lines.text.push_str(shown);
+        if end == LineEnd::Beyond {
+            lines.text.push_str(&line_cut_marker(len));
+            lines.long_lines.push(number);
+        }
+        if broke {
+            lines.text.push('\n');
+        }
+        lines.count += 1;
+    }
+    Ok(lines)
+}
+
+/// How the start of a line that [`line_start`] read ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LineEnd {
+    /// At its line break (consumed).
+    Break,
+    /// At the end of the input, without a line break.
+    End,
+    /// The line goes on past the cap; the rest is still to be read.
+    Beyond,
+}
+
+/// Fills `reader`'s buffer, retrying an interrupted read.
+fn fill(reader: &mut impl BufRead) -> io::Result<&[u8]> {
+    while let Err(e) = reader.fill_buf() {
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // Filled: this returns the buffer without reading (the borrow checker cannot pass the
+    // loop's borrow out).
+    reader.fill_buf()
+}
+
+/// `true` when `reader` has nothing more.
+fn at_end(reader: &mut impl BufRead) -> io::Result<bool> {
+    Ok(fill(reader)?.is_empty())
+}
+
+/// Reads the start of the next line into `line`: at most `cap` bytes, the line break
+/// consumed but not kept. `None` at the end of the input.
+fn line_start(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<Option<LineEnd>> {
+    line.clear();
+    if at_end(reader)? {
+        return Ok(None);
+    }
+    loop {
+        let buf = fill(reader)?;
+        if buf.is_empty() {
+            return Ok(Some(LineEnd::End));
+        }
+        let room = cap - line.len();
+        // A break right after `room` bytes still ends the line within the cap.
+        if let Some(end) = buf
+            .iter()
+            .take(room.saturating_add(1))
+            .position(|&b| b == b'\n')
+        {
+            line.extend_from_slice(&buf[..end]);
+            reader.consume(end + 1);
+            return Ok(Some(LineEnd::Break));
+        }
+        if room == 0 {
+            return Ok(Some(LineEnd::Beyond));
+        }
+        let take = buf.len().min(room);
+        line.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+    }
+}
+
+/// Consumes the rest of the current line, its break included, keeping nothing. Returns
+/// the bytes before the break and whether a break ended them.
+fn skip_rest(reader: &mut impl BufRead) -> io::Result<(u64, bool)> {
+    let mut len = 0u64;
+    loop {
+        let buf = fill(reader)?;
+        if buf.is_empty() {
+            return Ok((len, false));
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(end) => {
+                reader.consume(end + 1);
+                return Ok((len + end as u64, true));
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+                len += n as u64;
+            }
+        }
+    }
+}
+
+/// `bytes` as text, or where in it binary content starts and what it is. A `partial`
+/// run of bytes (the start of something longer) may end inside a character: the
+/// character is left out.
+fn line_text(bytes: &[u8], partial: bool) -> std::result::Result<&str, (usize, &'static str)> {
+    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+        return Err((at, "a NUL byte"));
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Ok(text),
+        Err(e) if partial && e.error_len().is_none() => {
+            Ok(std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default())
+        }
+        Err(e) => Err((e.valid_up_to(), "invalid UTF-8")),
+    }
+}
+
+/// The `FS_NOT_TEXT` error of a binary file: `evidence` found at byte `at`.
+fn binary(path: &Path, size: u64, evidence: &str, at: u64) -> Error {
+    let size = if size > 0 {
+        format!("{size} bytes")
+    } else {
+        "size not reported".to_string()
+    };
+    Error::new(
+        codes::FS_NOT_TEXT,
+        format!(
+            "`{}` is a binary file ({size}; {evidence} at byte {at}), not text; its content is not shown",
+            path.display()
+        ),
+    )
+    .with_help(format!(
+        "inspect its bytes with a shell instead, e.g. `xxd '{}' | head -n 32`",
+        path.display()
+    ))
 }
 
 /// The entries of directory `path`, sorted by name (kinds do not follow symlinks).
@@ -374,13 +715,18 @@ impl Target {
         })
     }
 
-    /// The file's text, read through the parent handle.
+    /// The file's text, read through the parent handle; anything but a regular file is
+    /// refused without blocking on it.
     pub fn read_text(&self) -> Result<String> {
-        let bytes = self
+        let opened = self
             .parent
-            .read(&self.name)
-            .map_err(|e| self.err(e, "read"))?;
-        utf8(bytes, &self.path)
+            .open_with(
+                &self.name,
+                OpenOptions::new().read(true).custom_flags(READ_FLAGS),
+            )
+            .map(cap_std::fs::File::into_std);
+        let (file, _) = regular(opened, &self.path, "read", |e| self.err(e, "read"))?;
+        read_all(file, &self.path)
     }
 
     /// Replaces `old` with `new` (exactly one occurrence unless `replace_all`) and writes
@@ -424,6 +770,324 @@ impl Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dsh_fs_api::ReadCaps;
+
+    fn args(
+        offset: u64,
+        limit: Option<u64>,
+        (lines, bytes, line_bytes): (u64, u64, u64),
+    ) -> ReadLines {
+        ReadLines {
+            path: PathBuf::from("/f"),
+            offset,
+            limit,
+            caps: ReadCaps {
+                max_lines: lines,
+                max_bytes: bytes,
+                max_line_bytes: line_bytes,
+            },
+        }
+    }
+
+    /// What a page must be: its text, count, cut, total and cut lines; or an error's code
+    /// and a fragment of its message.
+    type Page<'a> = std::result::Result<
+        (&'a str, u64, Option<Cut>, Option<u64>, &'a [u64]),
+        (&'a str, &'a str),
+    >;
+
+    /// Pages `input` (of reported size 99) with `offset`, `limit` and `caps` and compares.
+    fn check(input: &[u8], offset: u64, limit: Option<u64>, caps: (u64, u64, u64), want: Page<'_>) {
+        let got = page(input, 99, &args(offset, limit, caps));
+        let shown = String::from_utf8_lossy(input);
+        match (got, want) {
+            (Ok(l), Ok((text, count, cut, total, long))) => {
+                let got = (
+                    l.text.as_str(),
+                    l.count,
+                    l.cut,
+                    l.total,
+                    l.long_lines.as_slice(),
+                );
+                assert_eq!(
+                    got,
+                    (text, count, cut, total, long),
+                    "{shown:?} offset {offset} limit {limit:?} caps {caps:?}"
+                );
+                assert_eq!(l.size, 99);
+            }
+            (Err(e), Err((code, fragment))) => {
+                assert_eq!(e.code, code, "{shown:?}: {e}");
+                assert!(e.message.contains(fragment), "{shown:?}: {e}");
+            }
+            (got, want) => panic!("{shown:?} offset {offset}: got {got:?}, wanted {want:?}"),
+        }
+    }
+
+    #[test]
+    fn pages_follow_offset_limit_and_caps() {
+        const BIG: (u64, u64, u64) = (100, 1000, 100);
+        let abc = b"a\nb\nc\n";
+        check(abc, 1, None, BIG, Ok(("a\nb\nc\n", 3, None, Some(3), &[])));
+        check(
+            b"a\nb\nc",
+            1,
+            None,
+            BIG,
+            Ok(("a\nb\nc", 3, None, Some(3), &[])),
+        );
+        check(
+            b"a\r\nb\r\n",
+            1,
+            None,
+            BIG,
+            Ok(("a\r\nb\r\n", 2, None, Some(2), &[])),
+        );
+        check(b"", 1, None, BIG, Ok(("", 0, None, Some(0), &[])));
+        check(abc, 2, Some(1), BIG, Ok(("b\n", 1, None, None, &[])));
+        check(abc, 3, Some(5), BIG, Ok(("c\n", 1, None, Some(3), &[])));
+        check(abc, 5, None, BIG, Ok(("", 0, None, Some(3), &[])));
+        // The line cap: cut when more follows, not when the file ends there or `limit` stops.
+        check(
+            abc,
+            1,
+            None,
+            (2, 1000, 100),
+            Ok(("a\nb\n", 2, Some(Cut::MaxLines), None, &[])),
+        );
+        check(
+            abc,
+            1,
+            None,
+            (3, 1000, 100),
+            Ok(("a\nb\nc\n", 3, None, Some(3), &[])),
+        );
+        check(
+            abc,
+            1,
+            Some(2),
+            (2, 1000, 100),
+            Ok(("a\nb\n", 2, None, None, &[])),
+        );
+        check(
+            abc,
+            1,
+            Some(3),
+            (2, 1000, 100),
+            Ok(("a\nb\n", 2, Some(Cut::MaxLines), None, &[])),
+        );
+        // The byte cap: a page ends before a line that does not fit ...
+        check(
+            b"ab\ncd\nef\n",
+            1,
+            None,
+            (100, 7, 100),
+            Ok(("ab\ncd\n", 2, Some(Cut::MaxBytes), None, &[])),
+        );
+        // ... but always holds its first line, cut to the byte cap.
+        check(
+            b"abcdef\nx\n",
+            1,
+            None,
+            (100, 2, 100),
+            Ok((
+                "ab [… line cut: 6 bytes]\n",
+                1,
+                Some(Cut::MaxBytes),
+                None,
+                &[1],
+            )),
+        );
+        // Long lines are cut on a character boundary and marked with their length.
+        check(
+            b"abcdef\nxy\nlast",
+            1,
+            None,
+            (100, 1000, 3),
+            Ok((
+                "abc [… line cut: 6 bytes]\nxy\nlas [… line cut: 4 bytes]",
+                3,
+                None,
+                Some(3),
+                &[1, 3],
+            )),
+        );
+        check(
+            "aéé\n".as_bytes(),
+            1,
+            None,
+            (100, 1000, 4),
+            Ok(("aé [… line cut: 5 bytes]\n", 1, None, Some(1), &[1])),
+        );
+        check(
+            b"abc\n",
+            1,
+            None,
+            (100, 1000, 3),
+            Ok(("abc\n", 1, None, Some(1), &[])),
+        );
+    }
+
+    #[test]
+    fn binary_content_is_refused_or_ends_the_page() {
+        const BIG: (u64, u64, u64) = (100, 100_000, 100);
+        let not_text = codes::FS_NOT_TEXT;
+        check(
+            b"ab\0c\n",
+            1,
+            None,
+            BIG,
+            Err((not_text, "(99 bytes; a NUL byte at byte 2)")),
+        );
+        check(
+            b"ab\n\xff\n",
+            2,
+            None,
+            BIG,
+            Err((not_text, "invalid UTF-8 at byte 3")),
+        );
+        // The start of the file is judged whatever the offset ...
+        check(
+            b"\0\nb\n",
+            2,
+            None,
+            BIG,
+            Err((not_text, "a NUL byte at byte 0")),
+        );
+        // ... and a character cut by the end of a short file is invalid.
+        check(
+            b"ab\xc3",
+            1,
+            None,
+            BIG,
+            Err((not_text, "invalid UTF-8 at byte 2")),
+        );
+        // Past the sniffed start, a binary line ends the page; a page starting there fails.
+        let mut late = b"0123456\n".repeat(SNIFF_BYTES / 8 + 1);
+        let at = late.len() as u64 + 1;
+        late.extend_from_slice(b"x\0\nend\n");
+        let lines = SNIFF_BYTES as u64 / 8 + 1;
+        let got = page(&late[..], 99, &args(lines, None, BIG)).expect("a page");
+        assert_eq!(got.text, "0123456\n");
+        let cut = Cut::Binary {
+            what: "a NUL byte".into(),
+            at,
+        };
+        assert_eq!((got.count, got.cut), (1, Some(cut)));
+        check(
+            &late,
+            lines + 1,
+            None,
+            BIG,
+            Err((not_text, &format!("a NUL byte at byte {at}"))),
+        );
+        check(
+            &late,
+            lines + 2,
+            None,
+            BIG,
+            Ok(("end\n", 1, None, Some(lines + 2), &[])),
+        );
+    }
+
+    /// An endless input of numbered lines: a page of it must end without reading it all.
+    struct Endless(u64, Vec<u8>);
+
+    impl Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.1.is_empty() {
+                self.0 += 1;
+                self.1 = format!("line {}\n", self.0).into_bytes();
+            }
+            let n = buf.len().min(self.1.len());
+            buf[..n].copy_from_slice(&self.1[..n]);
+            self.1.drain(..n);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_page_streams_through_an_endless_input() {
+        let got = page(
+            Endless(0, Vec::new()),
+            0,
+            &args(200_000, Some(2), (10, 1000, 100)),
+        )
+        .expect("a page");
+        assert_eq!(got.text, "line 200000\nline 200001\n");
+        assert_eq!((got.count, got.cut, got.total), (2, None, None));
+        let got = page(
+            Endless(0, Vec::new()),
+            0,
+            &args(1, None, (1_000_000, 64, 100)),
+        )
+        .expect("a page");
+        assert_eq!(got.cut, Some(Cut::MaxBytes), "{got:?}");
+        assert!(got.text.len() <= 64, "{got:?}");
+    }
+
+    /// Runs `f` on another thread; fails when it has not answered within ten seconds (it
+    /// blocked), instead of hanging the test.
+    fn within_deadline<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(f()));
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the read must answer at once, not block")
+    }
+
+    #[test]
+    fn non_regular_files_are_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let fifo = root.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let paged = |path: PathBuf| {
+            within_deadline(move || {
+                read_lines(&ReadLines {
+                    path,
+                    ..args(1, None, (10, 10, 10))
+                })
+                .map(|l| l.text)
+            })
+        };
+        let whole = |path: PathBuf| within_deadline(move || read_text(&path));
+        let edited = |path: PathBuf| {
+            within_deadline(move || {
+                let target = Target::ambient(&path, Parents::Existing)?;
+                target.edit("a", "b", false)
+            })
+        };
+        let fenced = |path: PathBuf, root: PathBuf| {
+            within_deadline(move || {
+                let target =
+                    Target::beneath(&root, &path, Parents::Existing, SandboxMode::WorkspaceWrite)?;
+                target.read_text()
+            })
+        };
+        let wrong_kind = |e: Error, kind: &str| {
+            assert_eq!(e.code, codes::FS_WRONG_KIND, "{e}");
+            assert!(
+                e.message
+                    .contains(&format!("it is {kind}, not a regular file")),
+                "{e}"
+            );
+        };
+        let fifo_kind = "a FIFO (named pipe)";
+        wrong_kind(paged(fifo.clone()).unwrap_err(), fifo_kind);
+        wrong_kind(whole(fifo.clone()).unwrap_err(), fifo_kind);
+        wrong_kind(edited(fifo.clone()).unwrap_err(), fifo_kind);
+        wrong_kind(fenced(fifo.clone(), root.clone()).unwrap_err(), fifo_kind);
+        wrong_kind(paged("/dev/null".into()).unwrap_err(), "a character device");
+        wrong_kind(paged(root.clone()).unwrap_err(), "a directory");
+        let socket = root.join("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        wrong_kind(paged(socket.clone()).unwrap_err(), "a socket");
+        wrong_kind(fenced(socket, root.clone()).unwrap_err(), "a socket");
+        // A /proc file reports size 0 and reads all the same.
+        assert_eq!(paged("/proc/sys/kernel/ostype".into()).unwrap(), "Linux\n");
+    }
 
     #[test]
     fn path_checks_name_the_problem() {

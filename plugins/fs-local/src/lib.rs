@@ -5,7 +5,10 @@
 use std::path::PathBuf;
 
 use cordis_sdk::prelude::*;
-use dsh_fs_api::{DirEntry, EditText, Edited, FileSystem, FsClient, Stat, WriteText, Written, FS};
+use dsh_fs_api::{
+    DirEntry, EditText, Edited, FileSystem, FsClient, Lines, ReadLines, Stat, WriteText, Written,
+    FS,
+};
 use dsh_fs_core::{Parents, PathLocks, Target};
 use dsh_sandbox::SandboxMode;
 
@@ -30,6 +33,10 @@ impl FileSystem for LocalFs {
 
     fn read_text(&self, path: PathBuf) -> Result<String> {
         dsh_fs_core::read_text(&path)
+    }
+
+    fn read_lines(&self, args: ReadLines) -> Result<Lines> {
+        dsh_fs_core::read_lines(&args)
     }
 
     fn list_dir(&self, path: PathBuf) -> Result<Vec<DirEntry>> {

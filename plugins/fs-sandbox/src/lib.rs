@@ -13,7 +13,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use cordis_sdk::prelude::*;
-use dsh_fs_api::{DirEntry, EditText, Edited, FileSystem, FsClient, Stat, WriteText, Written, FS};
+use dsh_fs_api::{
+    DirEntry, EditText, Edited, FileSystem, FsClient, Lines, ReadLines, Stat, WriteText, Written,
+    FS,
+};
 use dsh_fs_core::{io_error, sandbox_denied, Parents, PathLocks, Target};
 use dsh_sandbox::{
     EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
@@ -103,6 +106,10 @@ impl FileSystem for FencedFs {
 
     fn read_text(&self, path: PathBuf) -> Result<String> {
         dsh_fs_core::read_text(&path)
+    }
+
+    fn read_lines(&self, args: ReadLines) -> Result<Lines> {
+        dsh_fs_core::read_lines(&args)
     }
 
     fn list_dir(&self, path: PathBuf) -> Result<Vec<DirEntry>> {

@@ -3,22 +3,66 @@
 //! and passes it with each mutation, so the file tools and `bash` always agree on mode and
 //! root. A fence denial becomes the shared denial marker; when the mounted backend is
 //! confined, `write` and `edit` accept a one-call escalation that a person approves.
-//! Reads never escalate.
+//! Reads never escalate, and a `read` returns at most one page: the caps of [`Config`]
+//! bound it, and a final note says where to continue.
 
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 
 use cordis_sdk::host::{ApprovalClient, APPROVAL};
 use cordis_sdk::prelude::*;
-use dsh_fs_api::{codes, EditText, FileSystem, FsClient, Kind, WriteText, FS};
+use dsh_fs_api::{
+    codes, line_cut_marker, Cut, EditText, FileSystem, FsClient, Kind, Lines, ReadCaps, ReadLines,
+    WriteText, FS,
+};
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode, SandboxPolicyClient, SANDBOX_POLICY};
 use dsh_tool_core::{
     denial, one_line, register, resolve_path, CallArgs, CallPolicy, Escalating, Step, Stop,
 };
 
-/// The config: none; the policy comes from `sandboxPolicy`.
-#[derive(Deserialize, JsonSchema, Default)]
-#[serde(deny_unknown_fields)]
-pub struct Config {}
+/// The config under `config:` in `cordis.yml`: the caps of one `read` (the policy comes
+/// from `sandboxPolicy`).
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Config {
+    /// Integer ≥ 1; default 2000. The most lines one `read` returns; a longer file is read
+    /// in pages with `offset`.
+    #[serde(default = "default_read_max_lines")]
+    pub read_max_lines: NonZeroU64,
+    /// Integer ≥ 1; default 262144 (256 KiB). The most bytes of text one `read` returns
+    /// (the first line of a page always comes, cut to this size).
+    #[serde(default = "default_read_max_bytes")]
+    pub read_max_bytes: NonZeroU64,
+    /// Integer ≥ 1; default 4096. The most bytes of one line a `read` returns; a longer
+    /// line is cut there and marked with its length.
+    #[serde(default = "default_read_max_line_bytes")]
+    pub read_max_line_bytes: NonZeroU64,
+}
+
+fn default_read_max_lines() -> NonZeroU64 {
+    const LINES: NonZeroU64 = NonZeroU64::new(2000).unwrap();
+    LINES
+}
+
+fn default_read_max_bytes() -> NonZeroU64 {
+    const BYTES: NonZeroU64 = NonZeroU64::new(256 * 1024).unwrap();
+    BYTES
+}
+
+fn default_read_max_line_bytes() -> NonZeroU64 {
+    const LINE_BYTES: NonZeroU64 = NonZeroU64::new(4096).unwrap();
+    LINE_BYTES
+}
+
+impl Config {
+    fn read_caps(&self) -> ReadCaps {
+        ReadCaps {
+            max_lines: self.read_max_lines.get(),
+            max_bytes: self.read_max_bytes.get(),
+            max_line_bytes: self.read_max_line_bytes.get(),
+        }
+    }
+}
 
 /// `read` arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -30,7 +74,7 @@ struct ReadArgs {
     #[serde(default)]
     #[schemars(range(min = 1))]
     offset: Option<u64>,
-    /// How many lines to return (default: to the end of the file).
+    /// How many lines to return (default: to the end of the file, up to the read caps).
     #[serde(default)]
     #[schemars(range(min = 1))]
     limit: Option<u64>,
@@ -70,7 +114,13 @@ struct ListArgs {
     path: String,
 }
 
-const READ: &str = "Reads a UTF-8 text file. `offset` (1-based first line) and `limit` (number of lines) select a range of lines; without them the whole file is returned.";
+/// The `read` tool's description under `caps`.
+fn read_description(caps: ReadCaps) -> String {
+    format!(
+        "Reads a UTF-8 text file: at most {} lines and {} bytes per call, lines longer than {} bytes cut. `offset` (1-based first line) and `limit` (number of lines) select a range of lines; when a file goes on past the caps, a final note gives the `offset` to continue from. Binary files, directories, FIFOs, sockets and devices are refused.",
+        caps.max_lines, caps.max_bytes, caps.max_line_bytes
+    )
+}
 const WRITE: &str = "Creates or replaces a text file with `content` (atomically; missing parent directories are created). Subject to the session's sandbox policy.";
 const EDIT: &str = "Replaces `old_string` with `new_string` in an existing text file. `old_string` must occur exactly once unless `replace_all` is true. Subject to the session's sandbox policy.";
 const LIST: &str = "Lists a directory, one entry per line, sorted by name: directories end in `/`, symbolic links in `@`.";
@@ -79,6 +129,7 @@ struct FsTools {
     fs: FsClient,
     calls: CallPolicy,
     escalating: Escalating,
+    read_caps: ReadCaps,
 }
 
 impl FsTools {
@@ -111,30 +162,33 @@ impl FsTools {
         }
         if limit == Some(0) {
             return Err(
-                bad("`limit` must be at least 1 (or left out for the rest of the file)").into(),
+                bad("`limit` must be at least 1 (or left out to read up to the caps)").into(),
             );
         }
-        let text = self
-            .fs
-            .read_text(path.clone())
-            .map_err(|e| self.fs_error(e, None))?;
-        let lines: Vec<&str> = text.split_inclusive('\n').collect();
         let first = offset.unwrap_or(1);
-        if first > 1 && first > lines.len() as u64 {
+        let lines = self
+            .fs
+            .read_lines(ReadLines {
+                path: path.clone(),
+                offset: first,
+                limit,
+                caps: self.read_caps,
+            })
+            .map_err(|e| self.fs_error(e, None))?;
+        if lines.count == 0 && first > 1 {
             return Err(bad(format!(
                 "`offset` {first} is past the end of `{}`, which has {} lines",
                 path.display(),
-                lines.len()
+                lines.total.unwrap_or(first - 1)
             ))
             .into());
         }
-        let skip = usize::try_from(first - 1).unwrap_or(usize::MAX);
-        let take = limit
-            .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
-            .unwrap_or(usize::MAX);
-        Ok(ToolResult::ok(
-            lines.into_iter().skip(skip).take(take).collect::<String>(),
-        ))
+        Ok(ToolResult::ok(page_text(
+            lines,
+            first,
+            &path,
+            self.read_caps,
+        )))
     }
 
     fn write(&self, call: &CallContext, args: CallArgs<WriteArgs>) -> Step<ToolResult> {
@@ -229,6 +283,68 @@ impl FsTools {
     }
 }
 
+/// A page of `read` as the model sees it: the lines, then a note for each cap that cut
+/// something, saying how to see the rest.
+fn page_text(lines: Lines, first: u64, path: &Path, caps: ReadCaps) -> String {
+    let Lines {
+        mut text,
+        count,
+        size,
+        cut,
+        long_lines,
+        ..
+    } = lines;
+    let mut notes = Vec::new();
+    // A line is cut at the smaller of the two byte caps.
+    let line_cap = caps.max_line_bytes.min(caps.max_bytes);
+    if let Some(&line) = long_lines.first() {
+        let which = match long_lines.len() {
+            1 => format!("Line {line} is"),
+            n => format!("{n} lines are"),
+        };
+        notes.push(format!(
+            "[{which} longer than {} bytes: cut there and marked `{}`. To see a whole line, use `bash`, e.g. `sed -n '{line}p' '{}' | fold -w {}`.]",
+            line_cap,
+            line_cut_marker("<length>").trim_start(),
+            path.display(),
+            line_cap
+        ));
+    }
+    // A cut page holds at least one line: the first always fits, and a first line that
+    // is binary fails the read instead.
+    let next = first + count;
+    let shown = match count {
+        1 => format!("line {first} shown"),
+        _ => format!("lines {first}-{} shown", next - 1),
+    };
+    let capped = |cap: String| {
+        let size = if size > 0 {
+            format!(" ({size} bytes)")
+        } else {
+            String::new()
+        };
+        format!(
+            "[Cut at the {cap} read cap: {shown}; the file{size} goes on. To continue, call read with offset {next}.]"
+        )
+    };
+    match cut {
+        Some(Cut::MaxLines) => notes.push(capped(format!("{}-line", caps.max_lines))),
+        Some(Cut::MaxBytes) => notes.push(capped(format!("{}-byte", caps.max_bytes))),
+        Some(Cut::Binary { what, at }) => notes.push(format!(
+            "[Stopped before line {next}: it holds binary content ({what} at byte {at}), which is not shown; {shown}. To inspect it, use `bash`, e.g. `xxd -s {at} -l 256 '{}'`.]",
+            path.display()
+        )),
+        None => {}
+    }
+    if !notes.is_empty() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&notes.join("\n"));
+    }
+    text
+}
+
 fn bad(text: impl Into<String>) -> ToolResult {
     ToolResult::error(text)
 }
@@ -263,8 +379,9 @@ impl Plugin for ToolFsPlugin {
             .injects_optional::<ApprovalClient>(APPROVAL)
     }
 
-    fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {
+    fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
         let fs: FsClient = ctx.inject(FS)?;
+        let read_caps = config.read_caps();
         let calls = CallPolicy {
             policy: ctx.inject(SANDBOX_POLICY)?,
             approval: ctx.inject_optional(APPROVAL)?,
@@ -274,9 +391,11 @@ impl Plugin for ToolFsPlugin {
             fs,
             calls,
             escalating,
+            read_caps,
         });
         let t = tools.clone();
-        register(ctx, "read", READ, Escalating::NotOffered, move |c, a| {
+        let read = read_description(read_caps);
+        register(ctx, "read", &read, Escalating::NotOffered, move |c, a| {
             t.read(c, a)
         })?;
         let t = tools.clone();
@@ -287,7 +406,7 @@ impl Plugin for ToolFsPlugin {
         register(ctx, "list", LIST, Escalating::NotOffered, move |c, a| {
             t.list(c, a)
         })?;
-        tracing::debug!(?escalating, "file tools ready");
+        tracing::debug!(?escalating, ?read_caps, "file tools ready");
         Ok(ToolFsPlugin)
     }
 }
