@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use cordis_e2e::{target_dir, unique, Host, Outside, Scratch, Started};
 use cordis_sdk::Error;
-use dsh_fs_api::{codes, EditText, FileSystem, FsClient, WriteText};
+use dsh_fs_api::{codes, EditText, FileSystem, FsClient, ListDir, WriteText};
 use dsh_sandbox::{
     writable_roots, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
     SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
@@ -482,7 +482,7 @@ fn read_only_denies_every_mutation_and_leaves_the_disk_untouched() {
     let started = fenced(&scratch, "read-only", &ws);
     let fs = fs_of(&started);
     assert_eq!(fs.sandbox_mode(()).unwrap(), Some(ReadOnly));
-    let listing = || fs.list_dir(ws.clone()).unwrap();
+    let listing = || fs.list_dir(list(&ws)).unwrap();
     let before = listing();
     let in_tmp = std::env::temp_dir().join(format!("cordis-ro-{}.txt", unique()));
     let attempts: Vec<(&str, Result<u64, Error>)> = vec![
@@ -613,8 +613,8 @@ fn reads_through_the_fence_equal_the_local_backend() {
             ),
             (
                 "list_dir",
-                sig(local_fs.list_dir(p.clone())),
-                sig(fenced_fs.list_dir(p.clone())),
+                sig(local_fs.list_dir(list(&p))),
+                sig(fenced_fs.list_dir(list(&p))),
             ),
             (
                 "stat",
@@ -643,13 +643,30 @@ fn reads_through_the_fence_equal_the_local_backend() {
             .code,
         codes::FS_NOT_FOUND
     );
-    let names: Vec<String> = local_fs
-        .list_dir(root.clone())
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let listing = local_fs.list_dir(list(&root)).unwrap();
+    let names: Vec<String> = listing.entries.into_iter().map(|e| e.name).collect();
     assert_eq!(names, ["a.txt", "binary", "dangling", "dir", "link"]);
+    assert_eq!(listing.total, 5);
+    // A cap keeps the first entries by name, whatever order the directory holds them in.
+    let capped = local_fs
+        .list_dir(ListDir {
+            path: root.clone(),
+            max_entries: 2,
+        })
+        .unwrap();
+    let names: Vec<String> = capped.entries.into_iter().map(|e| e.name).collect();
+    assert_eq!(
+        (names, capped.total),
+        (vec!["a.txt".to_string(), "binary".to_string()], 5)
+    );
+}
+
+/// `list_dir` arguments for `path` with a cap no test directory reaches.
+fn list(path: &std::path::Path) -> ListDir {
+    ListDir {
+        path: path.to_path_buf(),
+        max_entries: 1000,
+    }
 }
 
 /// Two threads edit one file concurrently, each replacing its own counter; an edit lost by

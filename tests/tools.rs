@@ -642,6 +642,68 @@ fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
 }
 
 #[test]
+fn an_edit_holds_at_most_sixteen_mebibytes() {
+    for backends in [Backends::Confined, Backends::Local] {
+        let scratch = Scratch::new();
+        let root = scratch.path();
+        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+        let huge = std::fs::File::create(root.join("huge.txt")).expect("create huge.txt");
+        huge.set_len(1 << 30).expect("extend huge.txt to 1 GiB");
+        let out = call(
+            &scratch,
+            "edit",
+            json!({"path": "huge.txt", "old_string": "a", "new_string": "b"}),
+            1,
+            &["FS_TOO_LARGE", "the file is larger than 16 MiB"],
+        );
+        assert!(out.len() < 4096, "{backends:?}: {out}");
+        // A small file whose edit would grow past the bound: refused, left as it was.
+        let small = "x".repeat(1024);
+        std::fs::write(root.join("small.txt"), &small).expect("write small.txt");
+        call(
+            &scratch,
+            "edit",
+            json!({"path": "small.txt", "old_string": "x", "new_string": "y".repeat(32 * 1024), "replace_all": true}),
+            1,
+            &["FS_TOO_LARGE", "the edited text is larger than 16 MiB"],
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join("small.txt")).expect("read small.txt"),
+            small,
+            "{backends:?}: a refused edit changes nothing"
+        );
+    }
+}
+
+#[test]
+fn a_huge_directory_is_listed_up_to_the_cap() {
+    let scratch = Scratch::new();
+    let root = scratch.path();
+    manifest(
+        &scratch,
+        WorkspaceWrite,
+        &root,
+        Backends::Confined,
+        "{listMaxEntries: 3}",
+    );
+    std::fs::create_dir(root.join("many")).expect("mkdir many");
+    // Created in reverse, so the directory's own order is not the answer.
+    for i in (0..500).rev() {
+        std::fs::write(root.join(format!("many/f{i:03}")), "").expect("create a file");
+    }
+    let out = call(&scratch, "list", json!({"path": "many"}), 0, &[]);
+    assert_eq!(
+        out,
+        format!(
+            "f000\nf001\nf002\n[Cut at the 3-entry list cap: the first 3 of 500 entries by name shown. To see the rest, list a subdirectory, or use `bash`, e.g. `ls -A '{}' | sed -n '4,6p'`.]\n",
+            root.join("many").display()
+        )
+    );
+    let out = call(&scratch, "list", json!({"path": "."}), 0, &[]);
+    assert_eq!(out, "cordis.yml\nmany/\nstate/\n", "at the cap, no note");
+}
+
+#[test]
 fn read_pages_follow_the_configured_caps() {
     let scratch = Scratch::new();
     let root = scratch.path();

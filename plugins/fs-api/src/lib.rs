@@ -30,12 +30,15 @@ pub mod codes {
     pub const FS_EDIT_NO_MATCH: &str = "FS_EDIT_NO_MATCH";
     /// `edit_text`: `old_string` matched more than once and `replace_all` was false.
     pub const FS_EDIT_AMBIGUOUS: &str = "FS_EDIT_AMBIGUOUS";
+    /// The file (or an edit's result) is larger than an operation that handles it whole
+    /// accepts.
+    pub const FS_TOO_LARGE: &str = "FS_TOO_LARGE";
     /// Any other I/O error.
     pub const FS_IO: &str = "FS_IO";
 }
 
 /// What kind of filesystem object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// A regular file.
@@ -66,6 +69,24 @@ pub struct DirEntry {
     pub name: String,
     /// Kind (not following symlinks).
     pub kind: Kind,
+}
+
+/// `list_dir` arguments.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListDir {
+    /// The directory.
+    pub path: PathBuf,
+    /// The most entries returned (the first ones by name); at least 1.
+    pub max_entries: u64,
+}
+
+/// A directory's entries: the first [`ListDir::max_entries`] by name, and how many it has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    /// The entries returned, sorted by name.
+    pub entries: Vec<DirEntry>,
+    /// How many entries the directory has.
+    pub total: u64,
 }
 
 /// `read_lines` arguments: a page of lines, bounded by [`ReadCaps`].
@@ -194,8 +215,9 @@ cordis_sdk::interface! {
         /// file's size; binary content and FIFOs, sockets and devices are refused (the
         /// latter without blocking on them).
         fn read_lines(&self, args: ReadLines) -> Lines;
-        /// Directory entries, sorted by name.
-        fn list_dir(&self, path: PathBuf) -> Vec<DirEntry>;
+        /// The first `max_entries` directory entries by name, and their total: memory
+        /// stays bounded whatever the directory's size.
+        fn list_dir(&self, args: ListDir) -> Listing;
         /// Atomically replaces (or creates) a file.
         fn write_text(&self, args: WriteText) -> Written;
         /// Read-match-write in one critical section per path.

@@ -20,7 +20,9 @@ use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use cordis_sdk::{Error, Result};
 use dsh_fs_api::codes;
-use dsh_fs_api::{line_cut_marker, Cut, DirEntry, Edited, Kind, Lines, ReadLines, Stat, Written};
+use dsh_fs_api::{
+    line_cut_marker, Cut, DirEntry, Edited, Kind, Lines, ListDir, Listing, ReadLines, Stat, Written,
+};
 use dsh_sandbox::SandboxMode;
 
 /// Checks that `path` is usable: non-empty, without NUL bytes, absolute.
@@ -238,10 +240,32 @@ fn open_regular(path: &Path, op: &str) -> Result<(std::fs::File, u64)> {
     regular(opened, path, op, |e| io_error(e, op, path))
 }
 
-fn read_all(mut file: std::fs::File, path: &Path) -> Result<String> {
+/// The largest file read whole ([`read_text`], the read before an edit) and the largest
+/// text an edit writes: the bound on what one such call holds in memory.
+pub const WHOLE_FILE_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+fn too_large(path: &Path, what: &str) -> Error {
+    Error::new(
+        codes::FS_TOO_LARGE,
+        format!(
+            "`{}`: {what} is larger than {} MiB, the most handled whole",
+            path.display(),
+            WHOLE_FILE_MAX_BYTES / (1024 * 1024)
+        ),
+    )
+    .with_help("read it a page at a time with `read` (offset/limit), or change it with a shell command such as `sed -i`")
+}
+
+/// The whole of `file` as text, refused beyond [`WHOLE_FILE_MAX_BYTES`] (whatever size it
+/// reports: `/proc` files report 0).
+fn read_all(file: std::fs::File, path: &Path) -> Result<String> {
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
+    file.take(WHOLE_FILE_MAX_BYTES + 1)
+        .read_to_end(&mut bytes)
         .map_err(|e| io_error(e, "read", path))?;
+    if bytes.len() as u64 > WHOLE_FILE_MAX_BYTES {
+        return Err(too_large(path, "the file"));
+    }
     utf8(bytes, path)
 }
 
@@ -493,23 +517,42 @@ fn binary(path: &Path, size: u64, evidence: &str, at: u64) -> Error {
 }
 
 /// The entries of directory `path`, sorted by name (kinds do not follow symlinks).
-pub fn list_dir(path: &Path) -> Result<Vec<DirEntry>> {
+pub fn list_dir(args: &ListDir) -> Result<Listing> {
+    let path = &args.path;
     check_path(path)?;
+    if args.max_entries == 0 {
+        return Err(Error::invalid("`max_entries` must be at least 1")
+            .with_help("pass the most entries to return"));
+    }
+    let keep = usize::try_from(args.max_entries).unwrap_or(usize::MAX);
     let rd = std::fs::read_dir(path).map_err(|e| io_error(e, "list", path))?;
-    let mut out = Vec::new();
+    // The `keep` smallest names seen so far: a max-heap whose top is the one to drop
+    // (names are unique in a directory, so the kind never decides the order).
+    let mut first: std::collections::BinaryHeap<(String, Kind)> =
+        std::collections::BinaryHeap::new();
+    let mut total = 0u64;
     for entry in rd {
         let entry = entry.map_err(|e| io_error(e, "list", path))?;
+        total += 1;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if first.len() == keep && first.peek().is_some_and(|(top, _)| name >= *top) {
+            continue;
+        }
         let kind = entry
             .file_type()
             .map(kind_of)
             .map_err(|e| io_error(e, "list", &entry.path()))?;
-        out.push(DirEntry {
-            name: entry.file_name().to_string_lossy().into_owned(),
-            kind,
-        });
+        first.push((name, kind));
+        if first.len() > keep {
+            first.pop();
+        }
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    let entries = first
+        .into_sorted_vec()
+        .into_iter()
+        .map(|(name, kind)| DirEntry { name, kind })
+        .collect();
+    Ok(Listing { entries, total })
 }
 
 /// One mutex per canonical path: a read-match-write (or a write) of one file is a critical
@@ -725,7 +768,10 @@ impl Target {
                 OpenOptions::new().read(true).custom_flags(READ_FLAGS),
             )
             .map(cap_std::fs::File::into_std);
-        let (file, _) = regular(opened, &self.path, "read", |e| self.err(e, "read"))?;
+        let (file, size) = regular(opened, &self.path, "read", |e| self.err(e, "read"))?;
+        if size > WHOLE_FILE_MAX_BYTES {
+            return Err(too_large(&self.path, "the file"));
+        }
         read_all(file, &self.path)
     }
 
@@ -754,6 +800,13 @@ impl Target {
                 ),
             )
             .with_help("add surrounding context so it matches once, or set replace_all"));
+        }
+        let replaced = if replace_all { count } else { 1 };
+        let grown = (new.len() as u64)
+            .checked_sub(old.len() as u64)
+            .map_or(0, |d| d.saturating_mul(replaced as u64));
+        if (text.len() as u64).saturating_add(grown) > WHOLE_FILE_MAX_BYTES {
+            return Err(too_large(&self.path, "the edited text"));
         }
         let updated = if replace_all {
             text.replace(old, new)
@@ -1121,11 +1174,15 @@ mod tests {
         );
         assert_eq!(t.edit("two", "2", true).unwrap().replacements, 2);
         assert_eq!(read_text(&file).unwrap(), "one 2 2");
-        let names: Vec<String> = list_dir(&root.join("a/b"))
-            .unwrap()
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
+        let names: Vec<String> = list_dir(&ListDir {
+            path: root.join("a/b"),
+            max_entries: 10,
+        })
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
         assert_eq!(names, ["c.txt"], "no temp file is left behind");
         let err = Target::beneath(&root, &root, Parents::Create, SandboxMode::WorkspaceWrite)
             .err()

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use cordis_sdk::prelude::*;
 use dsh_fs_api::{
-    DirEntry, EditText, Edited, FileSystem, FsClient, Lines, ReadLines, Stat, WriteText, Written,
-    FS,
+    EditText, Edited, FileSystem, FsClient, Lines, ListDir, Listing, ReadLines, Stat, WriteText,
+    Written, FS,
 };
 use dsh_fs_core::{Parents, PathLocks, Target};
 use dsh_sandbox::SandboxMode;
@@ -39,8 +39,8 @@ impl FileSystem for LocalFs {
         dsh_fs_core::read_lines(&args)
     }
 
-    fn list_dir(&self, path: PathBuf) -> Result<Vec<DirEntry>> {
-        dsh_fs_core::list_dir(&path)
+    fn list_dir(&self, args: ListDir) -> Result<Listing> {
+        dsh_fs_core::list_dir(&args)
     }
 
     fn write_text(&self, args: WriteText) -> Result<Written> {

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use cordis_sdk::prelude::*;
 use dsh_fs_api::{
-    DirEntry, EditText, Edited, FileSystem, FsClient, Lines, ReadLines, Stat, WriteText, Written,
-    FS,
+    EditText, Edited, FileSystem, FsClient, Lines, ListDir, Listing, ReadLines, Stat, WriteText,
+    Written, FS,
 };
 use dsh_fs_core::{io_error, sandbox_denied, Parents, PathLocks, Target};
 use dsh_sandbox::{
@@ -112,8 +112,8 @@ impl FileSystem for FencedFs {
         dsh_fs_core::read_lines(&args)
     }
 
-    fn list_dir(&self, path: PathBuf) -> Result<Vec<DirEntry>> {
-        dsh_fs_core::list_dir(&path)
+    fn list_dir(&self, args: ListDir) -> Result<Listing> {
+        dsh_fs_core::list_dir(&args)
     }
 
     fn write_text(&self, args: WriteText) -> Result<Written> {

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use cordis_sdk::host::{ApprovalClient, APPROVAL};
 use cordis_sdk::prelude::*;
 use dsh_fs_api::{
-    codes, line_cut_marker, Cut, EditText, FileSystem, FsClient, Kind, Lines, ReadCaps, ReadLines,
-    WriteText, FS,
+    codes, line_cut_marker, Cut, EditText, FileSystem, FsClient, Kind, Lines, ListDir, ReadCaps,
+    ReadLines, WriteText, FS,
 };
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode, SandboxPolicyClient, SANDBOX_POLICY};
 use dsh_tool_core::{
@@ -37,6 +37,15 @@ pub struct Config {
     /// line is cut there and marked with its length.
     #[serde(default = "default_read_max_line_bytes")]
     pub read_max_line_bytes: NonZeroU64,
+    /// Integer ≥ 1; default 2000. The most entries one `list` returns (the first by name);
+    /// a note gives the directory's total.
+    #[serde(default = "default_list_max_entries")]
+    pub list_max_entries: NonZeroU64,
+}
+
+fn default_list_max_entries() -> NonZeroU64 {
+    const ENTRIES: NonZeroU64 = NonZeroU64::new(2000).unwrap();
+    ENTRIES
 }
 
 fn default_read_max_lines() -> NonZeroU64 {
@@ -123,13 +132,14 @@ fn read_description(caps: ReadCaps) -> String {
 }
 const WRITE: &str = "Creates or replaces a text file with `content` (atomically; missing parent directories are created). Subject to the session's sandbox policy.";
 const EDIT: &str = "Replaces `old_string` with `new_string` in an existing text file. `old_string` must occur exactly once unless `replace_all` is true. Subject to the session's sandbox policy.";
-const LIST: &str = "Lists a directory, one entry per line, sorted by name: directories end in `/`, symbolic links in `@`.";
+const LIST: &str = "Lists a directory, one entry per line, sorted by name: directories end in `/`, symbolic links in `@`. A very large directory is cut at a cap, with a note giving its total.";
 
 struct FsTools {
     fs: FsClient,
     calls: CallPolicy,
     escalating: Escalating,
     read_caps: ReadCaps,
+    list_max_entries: u64,
 }
 
 impl FsTools {
@@ -264,14 +274,19 @@ impl FsTools {
 
     fn list(&self, call: &CallContext, args: CallArgs<ListArgs>) -> Step<ToolResult> {
         let path: PathBuf = resolve_path(&call.session.cwd, "path", &args.args.path)?;
-        let entries = self
+        let listing = self
             .fs
-            .list_dir(path.clone())
+            .list_dir(ListDir {
+                path: path.clone(),
+                max_entries: self.list_max_entries,
+            })
             .map_err(|e| self.fs_error(e, None))?;
-        if entries.is_empty() {
+        if listing.entries.is_empty() {
             return Ok(ToolResult::ok(format!("{} is empty", display_dir(&path))));
         }
-        let lines: Vec<String> = entries
+        let shown = listing.entries.len();
+        let mut lines: Vec<String> = listing
+            .entries
             .into_iter()
             .map(|e| match e.kind {
                 Kind::Dir => format!("{}/", e.name),
@@ -279,6 +294,16 @@ impl FsTools {
                 Kind::File | Kind::Other => e.name,
             })
             .collect();
+        if listing.total > shown as u64 {
+            lines.push(format!(
+                "[Cut at the {}-entry list cap: the first {shown} of {} entries by name shown. To see the rest, list a subdirectory, or use `bash`, e.g. `ls -A '{}' | sed -n '{},{}p'`.]",
+                self.list_max_entries,
+                listing.total,
+                path.display(),
+                shown + 1,
+                shown * 2
+            ));
+        }
         Ok(ToolResult::ok(lines.join("\n")))
     }
 }
@@ -392,6 +417,7 @@ impl Plugin for ToolFsPlugin {
             calls,
             escalating,
             read_caps,
+            list_max_entries: config.list_max_entries.get(),
         });
         let t = tools.clone();
         let read = read_description(read_caps);
