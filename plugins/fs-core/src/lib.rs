@@ -583,6 +583,54 @@ impl PathLocks {
     }
 }
 
+/// "Too many levels of symbolic links" (Linux and most Unixes use 40).
+const ELOOP: i32 = 40;
+
+/// The file a mutation may touch under `policy`, or why not: the fence of every sandboxed
+/// `fs` backend. `read-only` refuses; `danger-full-access` opens ambiently; in
+/// `workspace-write` the canonical path must lie in a writable root, and the target is then
+/// reached beneath that root ([`Target::beneath`]), so a swap after this check cannot escape.
+pub fn fenced_target(
+    policy: &dsh_sandbox::SandboxExecutionPolicy,
+    path: &Path,
+    parents: Parents,
+) -> Result<Target> {
+    check_path(path)?;
+    let mode = policy.mode;
+    match mode {
+        SandboxMode::ReadOnly => Err(sandbox_denied(
+            mode,
+            path,
+            "read-only mode allows no modification",
+        )),
+        SandboxMode::DangerFullAccess => Target::ambient(&resolve(path)?, parents),
+        SandboxMode::WorkspaceWrite => {
+            let canonical = dsh_sandbox::canonical_path(path).map_err(|e| match () {
+                _ if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ELOOP) => sandbox_denied(
+                    mode,
+                    path,
+                    &format!("a symlink on the path is dangling or loops, so where it leads cannot be checked ({e})"),
+                ),
+                _ => io_error(e, "resolve", path),
+            })?;
+            let roots = dsh_sandbox::writable_roots(policy);
+            let Some(root) = dsh_sandbox::containing_root(&canonical, &roots) else {
+                let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+                return Err(sandbox_denied(
+                    mode,
+                    path,
+                    &format!(
+                        "it resolves to `{}`, outside the writable roots ({})",
+                        canonical.display(),
+                        listed.join(", ")
+                    ),
+                ));
+            };
+            Target::beneath(root, &canonical, parents, mode)
+        }
+    }
+}
+
 /// Whether a mutation creates missing parent directories (a write does, an edit does not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parents {
@@ -660,6 +708,9 @@ impl Target {
             .with_help("name a file beneath the directory"));
         }
         let (rel_parent, name) = split(rel)?;
+        // The window a racing swap would use: checked, nothing opened yet.
+        #[cfg(test)]
+        race::at(race::Point::Checked);
         let fenced = |e: io::Error, op: &str| {
             if is_escape(&e) {
                 sandbox_denied(
@@ -688,6 +739,8 @@ impl Target {
                 .open_dir(rel_parent)
                 .map_err(|e| fenced(e, "open the directory of"))?
         };
+        #[cfg(test)]
+        race::at(race::Point::Opened);
         Ok(Target {
             parent,
             name,
@@ -819,6 +872,48 @@ impl Target {
         })
     }
 }
+
+/// Test-only seam: a callback, per thread, at the two ends of the window between a fenced
+/// mutation's containment check and the opens beneath its root, so a test can swap a
+/// directory for a symlink exactly inside it (or count the swaps that fell inside it).
+#[cfg(test)]
+pub(crate) mod race {
+    use std::cell::RefCell;
+
+    /// An end of the window.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Point {
+        /// The path was checked; nothing is opened yet.
+        Checked,
+        /// The parent directory is open; the mutation goes through it from here.
+        Opened,
+    }
+
+    type Hook = Box<dyn FnMut(Point)>;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub fn at(point: Point) {
+        HOOK.with(|h| {
+            if let Some(hook) = h.borrow_mut().as_mut() {
+                hook(point);
+            }
+        });
+    }
+
+    /// Runs `f` with `hook` called at both ends of every window on this thread.
+    pub fn with<T>(hook: impl FnMut(Point) + 'static, f: impl FnOnce() -> T) -> T {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+        let out = f();
+        HOOK.with(|h| *h.borrow_mut() = None);
+        out
+    }
+}
+
+#[cfg(test)]
+mod race_tests;
 
 #[cfg(test)]
 mod tests {

@@ -9,15 +9,14 @@
 //!   check and the write cannot escape.
 //! - `danger-full-access`: unfenced.
 
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cordis_sdk::prelude::*;
 use dsh_fs_api::{
     EditText, Edited, FileSystem, FsClient, Lines, ListDir, Listing, ReadLines, Stat, WriteText,
     Written, FS,
 };
-use dsh_fs_core::{io_error, sandbox_denied, Parents, PathLocks, Target};
+use dsh_fs_core::{fenced_target, Parents, PathLocks};
 use dsh_sandbox::{
     EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
     SandboxPolicyClient, SANDBOX_POLICY,
@@ -27,47 +26,6 @@ use dsh_sandbox::{
 #[derive(Deserialize, JsonSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {}
-
-/// "Too many levels of symbolic links" (Linux and most Unixes use 40).
-const ELOOP: i32 = 40;
-
-/// The file a mutation may touch under `policy`, or why not.
-fn fenced_target(policy: &SandboxExecutionPolicy, path: &Path, parents: Parents) -> Result<Target> {
-    dsh_fs_core::check_path(path)?;
-    let mode = policy.mode;
-    match mode {
-        SandboxMode::ReadOnly => Err(sandbox_denied(
-            mode,
-            path,
-            "read-only mode allows no modification",
-        )),
-        SandboxMode::DangerFullAccess => Target::ambient(&dsh_fs_core::resolve(path)?, parents),
-        SandboxMode::WorkspaceWrite => {
-            let canonical = dsh_sandbox::canonical_path(path).map_err(|e| match () {
-                _ if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(ELOOP) => sandbox_denied(
-                    mode,
-                    path,
-                    &format!("a symlink on the path is dangling or loops, so where it leads cannot be checked ({e})"),
-                ),
-                _ => io_error(e, "resolve", path),
-            })?;
-            let roots = dsh_sandbox::writable_roots(policy);
-            let Some(root) = dsh_sandbox::containing_root(&canonical, &roots) else {
-                let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-                return Err(sandbox_denied(
-                    mode,
-                    path,
-                    &format!(
-                        "it resolves to `{}`, outside the writable roots ({})",
-                        canonical.display(),
-                        listed.join(", ")
-                    ),
-                ));
-            };
-            Target::beneath(root, &canonical, parents, mode)
-        }
-    }
-}
 
 struct FencedFs {
     policy: SandboxPolicyClient,
