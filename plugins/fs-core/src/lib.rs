@@ -765,8 +765,9 @@ impl Target {
         }
     }
 
-    /// Atomically replaces (or creates) the file: a temp file in the same directory is
-    /// written and fsynced, then renamed over the target. The temp file never outlives a
+    /// Atomically and durably replaces (or creates) the file: a temp file in the same
+    /// directory is written and fsynced, renamed over the target, and the directory is
+    /// fsynced so the rename itself survives a crash. The temp file never outlives a
     /// failure.
     pub fn write(&self, content: &[u8]) -> Result<Written> {
         let existing = match self.parent.symlink_metadata(&self.name) {
@@ -799,7 +800,10 @@ impl Target {
             }
             file.sync_all()?;
             drop(file);
-            self.parent.rename(&tmp, &self.parent, &self.name)
+            self.parent.rename(&tmp, &self.parent, &self.name)?;
+            // The handle may be an `O_PATH` one, which cannot be synced: open the directory
+            // itself (beneath the same handle) to sync it.
+            self.parent.open(".")?.sync_all()
         })();
         if let Err(e) = written {
             let _ = self.parent.remove_file(&tmp);
