@@ -525,24 +525,18 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
     );
 
     s.manifest("- name: fixture-reload\n  config:\n    greeting: hi\n- name: cordis-example\n");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let tools = mcp.request("tools/list", serde_json::json!({}));
-        let names: Vec<&str> = tools["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["name"].as_str())
-            .collect();
-        if names.contains(&"greet") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the manifest edit was not picked up: {names:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the manifest edit is picked up",
+        Duration::from_secs(20),
+        || {
+            let names = tool_names(&mut mcp);
+            if names.iter().any(|n| n == "greet") {
+                Ok(())
+            } else {
+                Err(format!("{names:?}"))
+            }
+        },
+    );
     assert!(
         mcp.notifications
             .iter()
@@ -559,14 +553,31 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
     running_services(&s, |r| r.starts_with("running: no `cordis run`"));
 }
 
+/// `cordis run` serving `s` (with its `plugins/`), logging at `level` into `run.log`;
+/// the client and the log's path.
+fn serve_logged(s: &cordis_e2e::Scratch, level: &str) -> (McpStdio, std::path::PathBuf) {
+    let log_path = s.path().join("run.log");
+    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
+    cmd.env("RUST_LOG", level)
+        .stderr(std::fs::File::create(&log_path).expect("create the log"));
+    (McpStdio::start(cmd), log_path)
+}
+
+/// The names of the tools `mcp`'s server lists now.
+fn tool_names(mcp: &mut McpStdio) -> Vec<String> {
+    let tools = mcp.request("tools/list", serde_json::json!({}));
+    tools["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect()
+}
+
 #[test]
 fn an_edit_that_cannot_be_planned_leaves_the_watcher_watching() {
     let (s, _lib) = reload_project(1, "- name: fixture-reload\n");
-    let log_path = s.path().join("run.log");
-    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
-    cmd.env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(&log_path).expect("create the log"));
-    let mut mcp = McpStdio::start(cmd);
+    let (mut mcp, log_path) = serve_logged(&s, "info");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
 
     // Non-ASCII text before the error's column once crashed the renderer, and the watcher
@@ -586,14 +597,8 @@ fn an_edit_that_cannot_be_planned_leaves_the_watcher_watching() {
     );
     s.manifest("- name: fixture-reload\n- {name: cordis-example, id: ééé}\n");
     eventually("the fixed edit is applied", Duration::from_secs(20), || {
-        let tools = mcp.request("tools/list", serde_json::json!({}));
-        let names: Vec<&str> = tools["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| t["name"].as_str())
-            .collect();
-        if names.contains(&"greet") {
+        let names = tool_names(&mut mcp);
+        if names.iter().any(|n| n == "greet") {
             Ok(())
         } else {
             Err(format!("tools {names:?}\n{}", log()))
@@ -610,11 +615,7 @@ fn reading_a_library_is_not_a_change() {
     // Other processes load the libraries, and every reload reads them itself: if reads
     // counted as changes, an idle host would re-plan forever.
     let (s, lib) = reload_project(1, "- name: fixture-reload\n");
-    let log_path = s.path().join("run.log");
-    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
-    cmd.env("RUST_LOG", "cordis_host=debug,cordis_host::watch=trace")
-        .stderr(std::fs::File::create(&log_path).expect("create the log"));
-    let mut mcp = McpStdio::start(cmd);
+    let (mut mcp, log_path) = serve_logged(&s, "cordis_host=debug,cordis_host::watch=trace");
     for _ in 0..3 {
         std::fs::read(&lib).expect("read the library");
         s.run(&["check", "--plugin-path", "plugins"]).expect_code(0);

@@ -392,6 +392,42 @@ fn call(scratch: &Scratch, tool: &str, args: Value, code: i32, needles: &[&str])
     run.stdout()
 }
 
+/// Runs `check` once per backend family (fenced and local), each in a fresh scratch
+/// directory composed in workspace-write rooted at it with the default tool config.
+fn for_each_backend(check: impl Fn(Backends, &Scratch, &Path)) {
+    for backends in [Backends::Confined, Backends::Local] {
+        let scratch = Scratch::new();
+        let root = scratch.path();
+        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+        check(backends, &scratch, &root);
+    }
+}
+
+/// A scratch directory composed in workspace-write rooted at it, fenced backends, with
+/// `tool_fs_config` for `dsh-tool-fs`; and its path.
+fn confined_with(tool_fs_config: &str) -> (Scratch, PathBuf) {
+    let scratch = Scratch::new();
+    let root = scratch.path();
+    manifest(
+        &scratch,
+        WorkspaceWrite,
+        &root,
+        Backends::Confined,
+        tool_fs_config,
+    );
+    (scratch, root)
+}
+
+/// Makes `path` a 1 GiB file: `start`, then zeros (a sparse file: no disk used).
+fn sparse_gigabyte(path: &Path, start: &[u8]) {
+    std::fs::write(path, start).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(1 << 30))
+        .unwrap_or_else(|e| panic!("extend {} to 1 GiB: {e}", path.display()));
+}
+
 /// Creates a FIFO at `path`; nothing ever opens it for writing.
 fn mkfifo(path: &Path) {
     use rustix::fs::{mknodat, FileType, Mode, CWD};
@@ -401,10 +437,7 @@ fn mkfifo(path: &Path) {
 
 #[test]
 fn fifos_sockets_devices_and_directories_are_refused_without_blocking() {
-    for backends in [Backends::Confined, Backends::Local] {
-        let scratch = Scratch::new();
-        let root = scratch.path();
-        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+    for_each_backend(|backends, scratch, root| {
         let pipe = root.join("pipe");
         mkfifo(&pipe);
         std::os::unix::fs::symlink(&pipe, root.join("link-to-pipe")).expect("symlink");
@@ -468,7 +501,7 @@ fn fifos_sockets_devices_and_directories_are_refused_without_blocking() {
             kind.file_type().is_fifo(),
             "{backends:?}: the refused edit must leave the FIFO in place"
         );
-    }
+    });
 }
 
 #[test]
@@ -500,14 +533,10 @@ fn numbered(lines: std::ops::RangeInclusive<u64>) -> String {
 
 #[test]
 fn binary_content_is_described_never_dumped() {
-    for backends in [Backends::Confined, Backends::Local] {
-        let scratch = Scratch::new();
-        let root = scratch.path();
-        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+    for_each_backend(|backends, scratch, root| {
         std::fs::write(root.join("nul.bin"), b"text\0more\n").expect("write nul.bin");
         std::fs::write(root.join("latin1.txt"), b"caf\xe9\n").expect("write latin1.txt");
-        let sparse = std::fs::File::create(root.join("sparse.bin")).expect("create sparse.bin");
-        sparse.set_len(1 << 30).expect("make sparse.bin 1 GiB");
+        sparse_gigabyte(&root.join("sparse.bin"), b"");
         // 1000 lines of 17 bytes, past the 8 KiB sniffed at the start, then a NUL.
         let row = "0123456789abcdef\n";
         let late = format!("{}x\0y\nafter\n", row.repeat(1000));
@@ -581,22 +610,14 @@ fn binary_content_is_described_never_dumped() {
             out, "after\n\n",
             "{backends:?}: the line after the binary one"
         );
-    }
+    });
 }
 
 #[test]
 fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
-    for backends in [Backends::Confined, Backends::Local] {
-        let scratch = Scratch::new();
-        let root = scratch.path();
-        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
+    for_each_backend(|backends, scratch, root| {
         let text = numbered(1..=3000);
-        std::fs::write(root.join("huge.txt"), &text).expect("write huge.txt");
-        let huge = std::fs::OpenOptions::new()
-            .write(true)
-            .open(root.join("huge.txt"))
-            .expect("open huge.txt");
-        huge.set_len(1 << 30).expect("extend huge.txt to 1 GiB");
+        sparse_gigabyte(&root.join("huge.txt"), text.as_bytes());
         let out = call(&scratch, "read", json!({"path": "huge.txt"}), 0, &[]);
         let want = format!(
             "{}[Cut at the 2000-line read cap: lines 1-2000 shown; the file (1073741824 bytes) goes on. To continue, call read with offset 2001.]\n",
@@ -638,17 +659,13 @@ fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
             format!("{}\n", numbered(2990..=2992)),
             "{backends:?}: a limited page"
         );
-    }
+    });
 }
 
 #[test]
 fn an_edit_holds_at_most_sixteen_mebibytes() {
-    for backends in [Backends::Confined, Backends::Local] {
-        let scratch = Scratch::new();
-        let root = scratch.path();
-        manifest(&scratch, WorkspaceWrite, &root, backends, "{}");
-        let huge = std::fs::File::create(root.join("huge.txt")).expect("create huge.txt");
-        huge.set_len(1 << 30).expect("extend huge.txt to 1 GiB");
+    for_each_backend(|backends, scratch, root| {
+        sparse_gigabyte(&root.join("huge.txt"), b"");
         let out = call(
             &scratch,
             "edit",
@@ -672,20 +689,12 @@ fn an_edit_holds_at_most_sixteen_mebibytes() {
             small,
             "{backends:?}: a refused edit changes nothing"
         );
-    }
+    });
 }
 
 #[test]
 fn a_huge_directory_is_listed_up_to_the_cap() {
-    let scratch = Scratch::new();
-    let root = scratch.path();
-    manifest(
-        &scratch,
-        WorkspaceWrite,
-        &root,
-        Backends::Confined,
-        "{listMaxEntries: 3}",
-    );
+    let (scratch, root) = confined_with("{listMaxEntries: 3}");
     std::fs::create_dir(root.join("many")).expect("mkdir many");
     // Created in reverse, so the directory's own order is not the answer.
     for i in (0..500).rev() {
@@ -705,15 +714,8 @@ fn a_huge_directory_is_listed_up_to_the_cap() {
 
 #[test]
 fn read_pages_follow_the_configured_caps() {
-    let scratch = Scratch::new();
-    let root = scratch.path();
-    manifest(
-        &scratch,
-        WorkspaceWrite,
-        &root,
-        Backends::Confined,
-        "{readMaxLines: 3, readMaxBytes: 64, readMaxLineBytes: 10}",
-    );
+    let (scratch, root) =
+        confined_with("{readMaxLines: 3, readMaxBytes: 64, readMaxLineBytes: 10}");
     let started = scratch.start();
     let s = started.session(&root);
     scratch.write("five.txt", "one\ntwo\nthree\nfour\nfive\n");
