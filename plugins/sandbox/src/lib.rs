@@ -667,12 +667,60 @@ mod tests {
     }
 
     #[test]
-    fn policy_text_is_byte_stable() {
-        let p = SandboxExecutionPolicy {
-            mode: SandboxMode::WorkspaceWrite,
+    fn containment_picks_the_root_that_holds_the_path() {
+        let roots = [PathBuf::from("/ws"), PathBuf::from("/tmp")];
+        assert_eq!(
+            containing_root(Path::new("/ws/a/b"), &roots),
+            Some(&roots[0])
+        );
+        assert_eq!(
+            containing_root(Path::new("/tmp/x"), &roots),
+            Some(&roots[1])
+        );
+        assert_eq!(containing_root(Path::new("/ws-evil/x"), &roots), None);
+        assert_eq!(containing_root(Path::new("/etc"), &roots), None);
+        assert_eq!(
+            SandboxMode::ReadOnly.wider_modes(),
+            [SandboxMode::WorkspaceWrite, SandboxMode::DangerFullAccess]
+        );
+        assert_eq!(SandboxMode::DangerFullAccess.wider_modes(), []);
+    }
+
+    /// Every text the model or a person reads, to the byte: the tools compare their
+    /// answers with these functions, so only literal expectations here can catch a change.
+    #[test]
+    fn model_facing_texts_are_byte_stable() {
+        use SandboxMode::*;
+        let ws = |mode| SandboxExecutionPolicy {
+            mode,
             workspace_root: "/w".into(),
         };
-        assert_eq!(policy_text(&p), policy_text(&p.clone()));
-        assert!(policy_text(&p).contains("\"/w\""));
+        let all = [
+            escalation_hint(ReadOnly),
+            escalation_hint(WorkspaceWrite),
+            texts::not_wider(WorkspaceWrite, ReadOnly),
+            texts::rejected(DangerFullAccess),
+            texts::cancelled(WorkspaceWrite),
+            texts::unavailable(DangerFullAccess),
+            policy_text(&ws(ReadOnly)),
+            policy_text(&ws(WorkspaceWrite)),
+            policy_text(&ws(DangerFullAccess)),
+            ForgedModeEvent {
+                seq: 7,
+                value: "\"root\"".into(),
+            }
+            .to_string(),
+        ];
+        expect_test::expect![[r#"
+            If this change is required, retry the same call with `sandbox_permissions` set to a wider mode (workspace-write or danger-full-access) and a one-sentence `justification`; a person will be asked to approve it.
+            If this change is required, retry the same call with `sandbox_permissions` set to a wider mode (danger-full-access) and a one-sentence `justification`; a person will be asked to approve it.
+            Escalation not requested: `read-only` is not wider than the current `workspace-write` mode. The call was not run; nothing changed.
+            Escalation to `danger-full-access` was rejected by the user. The call was not run; nothing changed. Do not retry this escalation; continue within the current mode or ask the user how to proceed.
+            Escalation to `workspace-write` was cancelled before a decision. The call was not run; nothing changed.
+            Escalation to `danger-full-access` is unavailable: no approver can be asked in this session. The call was not run; nothing changed.
+            Current DSH file policy: read-only. Any available operation enforced by the DSH file sandbox cannot modify files in the standing mode. Do not refuse a required modification from this policy alone: try an available tool normally and follow any denial and escalation guidance it returns.
+            Current DSH file policy: workspace-write. Any available operation enforced by the DSH file sandbox may modify files under the session workspace: "/w". Some platform temporary areas may also be writable.
+            Current DSH file policy: danger-full-access. The DSH file sandbox does not restrict file modifications by available operations.
+            session event #7 `sandbox/mode` has value "root" outside the closed vocabulary (read-only, workspace-write, danger-full-access); the log was altered"#]].assert_eq(&all.join("\n"));
     }
 }
