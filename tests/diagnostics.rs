@@ -210,7 +210,7 @@ fn one_error_never_hides_another() {
     assert_eq!(
         codes,
         [
-            "invalid-config",
+            "unknown-config-key",
             "library-not-found",
             "missing-service",
             "missing-service"

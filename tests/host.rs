@@ -176,20 +176,34 @@ fn manifest_syntax_and_shape_errors_have_line_and_column() {
 
 #[test]
 fn all_errors_are_reported_not_only_the_first() {
-    check(
+    // The misconfigured `cordis-example` still provides `greeter` to the consumer: its
+    // config is the error, not a missing service.
+    let s = check(
         &["check"],
         "- name: no-such-plugin\n- name: fixture-greeter-consumer\n- name: cordis-example\n  config:\n    wrd: 1\n",
         1,
         &[
             "error[library-not-found]",
-            "error[missing-service]",
             "error[unknown-config-key]",
             "unknown key `wrd` in `config`",
             "cordis.yml:5:5",
             "did you mean `word`?",
-            "(3 errors)",
+            "(2 errors)",
         ],
     );
+    let run = s.run(&["check"]);
+    assert!(
+        !run.stderr().contains("missing-service"),
+        "{}",
+        run.context()
+    );
+    // Remove the provider and its consumer's error joins the others.
+    s.manifest("- name: no-such-plugin\n- name: fixture-greeter-consumer\n");
+    s.run(&["check"]).expect_code(1).expect_output(&[
+        "error[library-not-found]",
+        "error[missing-service]",
+        "(2 errors)",
+    ]);
 }
 
 #[test]

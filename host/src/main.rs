@@ -545,8 +545,11 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         Ok(why) => tracing::info!("{why}; disposing"),
         Err(e) => tracing::error!("{e:#}; disposing"),
     }
+    // Not a plain drop: that waits for every blocking task, and the one reading stdin
+    // only returns at end of input, so a signal would leave the host hanging while the
+    // client keeps its end open.
+    tokio.shutdown_background();
     runtime.shutdown();
-    drop(tokio);
     let _ = std::fs::remove_dir_all(&copies_dir);
     ended.map(|_| ExitCode::SUCCESS)
 }
