@@ -1297,4 +1297,93 @@ mod tests {
             codes::FS_NOT_FOUND
         );
     }
+
+    #[test]
+    fn whole_file_operations_stop_exactly_at_their_bound() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let max = WHOLE_FILE_MAX_BYTES as usize;
+        let at = root.join("at.txt");
+        let over = root.join("over.txt");
+        std::fs::write(&at, "a".repeat(max)).unwrap();
+        std::fs::write(&over, "a".repeat(max + 1)).unwrap();
+        let code = |r: Result<String>| r.map(|t| t.len()).map_err(|e| e.code);
+        assert_eq!(code(read_text(&at)), Ok(max));
+        assert_eq!(code(read_text(&over)), Err(codes::FS_TOO_LARGE.to_string()));
+        let target = |p: &Path| {
+            Target::beneath(&root, p, Parents::Existing, SandboxMode::WorkspaceWrite).unwrap()
+        };
+        assert_eq!(code(target(&at).read_text()), Ok(max));
+        assert_eq!(
+            code(target(&over).read_text()),
+            Err(codes::FS_TOO_LARGE.to_string())
+        );
+        // An edit may grow the text up to the bound, not past it.
+        std::fs::write(&at, format!("{}x", "a".repeat(max - 2))).unwrap();
+        assert_eq!(target(&at).edit("x", "yy", false).unwrap().replacements, 1);
+        assert_eq!(std::fs::metadata(&at).unwrap().len(), max as u64);
+        let err = target(&at).edit("yy", "zzz", false).unwrap_err();
+        assert_eq!(err.code, codes::FS_TOO_LARGE);
+        assert_eq!(
+            std::fs::metadata(&at).unwrap().len(),
+            max as u64,
+            "unchanged"
+        );
+        // One occurrence needs no `replace_all`.
+        std::fs::write(&at, "one two").unwrap();
+        assert_eq!(target(&at).edit("two", "2", false).unwrap().replacements, 1);
+    }
+
+    #[test]
+    fn listings_keep_the_first_names_and_count_them_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        // Created in reverse, so the directory's order is not the answer.
+        for name in ["e", "d", "c", "b", "a"] {
+            std::fs::write(dir.join(name), "").unwrap();
+        }
+        std::fs::create_dir(dir.join("f")).unwrap();
+        let list = |max| {
+            let l = list_dir(&ListDir {
+                path: dir.clone(),
+                max_entries: max,
+            })
+            .unwrap();
+            let names: Vec<String> = l.entries.into_iter().map(|e| e.name).collect();
+            (names.join(""), l.total)
+        };
+        assert_eq!(list(1), ("a".to_string(), 6));
+        assert_eq!(list(2), ("ab".to_string(), 6));
+        assert_eq!(list(5), ("abcde".to_string(), 6));
+        assert_eq!(list(6), ("abcdef".to_string(), 6));
+        assert_eq!(list(100), ("abcdef".to_string(), 6));
+        let kinds = list_dir(&ListDir {
+            path: dir.clone(),
+            max_entries: 100,
+        })
+        .unwrap();
+        assert_eq!(kinds.entries[5].kind, Kind::Dir);
+        assert_eq!(kinds.entries[0].kind, Kind::File);
+        assert!(list_dir(&ListDir {
+            path: dir,
+            max_entries: 0
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn path_locks_forget_paths_nobody_holds() {
+        let locks = PathLocks::default();
+        let held = |locks: &PathLocks| locks.map.lock().unwrap().len();
+        assert_eq!(locks.with(Path::new("/a"), || held(&locks)), 1);
+        assert_eq!(held(&locks), 0, "released, the entry is gone");
+        // Two paths held at once are two entries, both gone once released.
+        locks.with(Path::new("/b"), || {
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| locks.with(Path::new("/c"), || held(&locks)));
+                assert_eq!(waiter.join().unwrap(), 2);
+            });
+        });
+        assert_eq!(held(&locks), 0);
+    }
 }
