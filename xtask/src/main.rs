@@ -2,7 +2,9 @@
 //! - `run`: build the host and every plugin, then `cordis run` on the bundled `cordis.yml`;
 //! - `test`: set up the Python MCP client, then run every test (unit, end-to-end, MCP,
 //!   doc tests) and the schema check;
-//! - `schema [--check]`: regenerate `schemas/` from the workspace's plugins (or check it).
+//! - `schema [--check]`: regenerate `schemas/` from the workspace's plugins (or check it);
+//! - `mutants [GROUP...]`: mutation testing of the security crates (`cargo mutants`), the
+//!   result summed up in `target/mutants/summary.txt` (see `docs/mutants.md`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -13,8 +15,9 @@ fn main() -> ExitCode {
         Some("run") => run(&args[1..]),
         Some("test") => test(),
         Some("schema") => schema(args.get(1).map(String::as_str) == Some("--check")),
+        Some("mutants") => mutants(&args[1..]),
         _ => Err(
-            "usage: cargo xtask run [cordis run flags] | cargo xtask test | cargo xtask schema [--check]"
+            "usage: cargo xtask run [cordis run flags] | cargo xtask test | cargo xtask schema [--check] | cargo xtask mutants [GROUP...]"
                 .to_string(),
         ),
     };
@@ -83,7 +86,47 @@ fn python_env() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// Debian packages the tests need beyond the Rust toolchain: `python3-venv` for the MCP
+/// client's venv and `strace` for the durability tests. Installed with apt-get when
+/// missing and this runs as root (as CI does); otherwise the error says what to install.
+fn system_packages() -> Result<(), String> {
+    let works = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let mut missing = Vec::new();
+    if !works("python3", &["-c", "import venv, ensurepip"]) {
+        missing.push("python3-venv");
+    }
+    if !works("strace", &["-V"]) {
+        missing.push("strace");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root || !works("apt-get", &["--version"]) {
+        return Err(format!(
+            "the tests need {}: install them (e.g. `sudo apt-get install {}`)",
+            missing.join(" and "),
+            missing.join(" ")
+        ));
+    }
+    let mut update = Command::new("apt-get");
+    update.args(["update", "-qq"]);
+    status(update, "apt-get update")?;
+    let mut install = Command::new("apt-get");
+    install.args(["install", "-y", "-qq"]).args(&missing);
+    status(install, &format!("apt-get install {}", missing.join(" ")))
+}
+
 fn test() -> Result<(), String> {
+    system_packages()?;
     let python = python_env()?;
     schema(true)?;
     let nextest = cargo()
@@ -145,4 +188,156 @@ fn schema(check: bool) -> Result<(), String> {
             "cordis schema --write"
         },
     )
+}
+
+/// One group of `cargo xtask mutants`: what is mutated (`cargo mutants` selection flags)
+/// and the tests that cover it beyond its own package's (a nextest filter on the
+/// workspace).
+struct MutantGroup {
+    name: &'static str,
+    select: &'static [&'static str],
+    covering: &'static str,
+}
+
+const MUTANT_GROUPS: &[MutantGroup] = &[
+    MutantGroup {
+        name: "sandbox",
+        select: &["-p", "dsh-sandbox"],
+        covering: "package(dsh-sandbox) | binary(fs) | binary(tools)",
+    },
+    MutantGroup {
+        name: "sandbox-policy",
+        select: &["-p", "dsh-sandbox-policy"],
+        covering: "binary(tools) | binary(fs) | (binary(reload) & test(/session_mode/))",
+    },
+    MutantGroup {
+        name: "fs-core",
+        select: &[
+            "-p",
+            "dsh-fs-core",
+            "-F",
+            "fenced_target|Target::|is_escape|sandbox_denied|check_path|PathLocks|in split|regular|read_all|list_dir|too_large|in resolve",
+        ],
+        covering: "package(dsh-fs-core) | binary(fs) | binary(tools) | binary(durability)",
+    },
+    MutantGroup {
+        name: "tool-core",
+        select: &["-p", "dsh-tool-core"],
+        covering: "package(dsh-tool-core) | binary(tools)",
+    },
+    MutantGroup {
+        name: "host-sessions",
+        select: &["-p", "cordis-host", "-f", "host/src/sessions.rs"],
+        covering: "package(cordis-host) | binary(host) | binary(durability)",
+    },
+    MutantGroup {
+        name: "host-plan",
+        select: &["-p", "cordis-host", "-f", "host/src/plan.rs"],
+        covering: "package(cordis-host) | binary(host) | binary(diagnostics)",
+    },
+];
+
+/// Mutation testing in two passes per group: every mutant against its own package's tests
+/// (fast), then the ones that survived against the end-to-end tests that cover the group.
+/// Needs `cargo install cargo-mutants`. Not part of CI: a full run takes hours on 2 cores.
+fn mutants(only: &[String]) -> Result<(), String> {
+    let out = root().join("target/mutants");
+    let mut summary = vec![format!(
+        "{:<16} {:>7} {:>7} {:>9} {:>8}",
+        "group", "caught", "missed", "unviable", "timeout"
+    )];
+    for group in MUTANT_GROUPS
+        .iter()
+        .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
+    {
+        let first = out.join(group.name).join("own-tests");
+        let mut cmd = mutants_command(group.select, &first);
+        cmd.args(["--", "--no-tests=pass"]);
+        let _ = status(
+            cmd,
+            &format!("cargo mutants: {} against its own tests", group.name),
+        );
+        let survivors = read_lines(&first.join("mutants.out/missed.txt"));
+        let mut counts = mutant_counts(&first);
+        if !survivors.is_empty() {
+            let second = out.join(group.name).join("covering-tests");
+            let exact: Vec<String> = survivors
+                .iter()
+                .map(|m| format!("^{}$", regex_escape(m)))
+                .collect();
+            let mut select: Vec<&str> = group
+                .select
+                .iter()
+                .copied()
+                .take_while(|a| *a != "-F")
+                .collect();
+            let re = exact.join("|");
+            select.extend([
+                "-F",
+                re.as_str(),
+                "--test-workspace=true",
+                "--baseline=skip",
+            ]);
+            let mut cmd = mutants_command(&select, &second);
+            cmd.args(["--", "-E", group.covering]);
+            let _ = status(
+                cmd,
+                &format!(
+                    "cargo mutants: {}'s survivors against the end-to-end tests",
+                    group.name
+                ),
+            );
+            let again = mutant_counts(&second);
+            counts = [
+                counts[0] + again[0],
+                again[1],
+                counts[2],
+                counts[3] + again[3],
+            ];
+        }
+        summary.push(format!(
+            "{:<16} {:>7} {:>7} {:>9} {:>8}",
+            group.name, counts[0], counts[1], counts[2], counts[3]
+        ));
+    }
+    let text = summary.join("\n") + "\n";
+    print!("{text}");
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::write(out.join("summary.txt"), text).map_err(|e| format!("summary: {e}"))
+}
+
+fn mutants_command(select: &[&str], out: &Path) -> Command {
+    let mut cmd = cargo();
+    cmd.args(["mutants", "--no-shuffle", "-j", "2", "--timeout", "300"])
+        .args(["--test-tool", "nextest", "--copy-target=true", "-o"])
+        .arg(out)
+        .args(select);
+    cmd
+}
+
+/// Caught, missed, unviable and timed-out mutants of one `cargo mutants` run in `dir`.
+fn mutant_counts(dir: &Path) -> [usize; 4] {
+    ["caught", "missed", "unviable", "timeout"]
+        .map(|what| read_lines(&dir.join(format!("mutants.out/{what}.txt"))).len())
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `text` with every regular-expression metacharacter escaped.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
