@@ -1386,4 +1386,59 @@ mod tests {
         });
         assert_eq!(held(&locks), 0);
     }
+
+    #[test]
+    fn only_a_resolution_leaving_the_handle_is_an_escape() {
+        assert!(is_escape(&io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "outside"
+        )));
+        assert!(!is_escape(&io::Error::from_raw_os_error(libc::EACCES)));
+        assert!(!is_escape(&io::Error::from(io::ErrorKind::NotFound)));
+        let help = |mode| {
+            sandbox_denied(mode, Path::new("/x"), "why")
+                .help
+                .unwrap_or_default()
+        };
+        assert!(help(SandboxMode::ReadOnly).starts_with("read-only mode allows no modification"));
+        assert!(help(SandboxMode::WorkspaceWrite).starts_with("modify files beneath the workspace"));
+    }
+
+    #[test]
+    fn errors_beneath_the_root_keep_their_own_codes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let ww = SandboxMode::WorkspaceWrite;
+        // Not an escape: a missing file to edit, a name too long to inspect.
+        let missing = Target::beneath(&root, &root.join("missing.txt"), Parents::Existing, ww)
+            .unwrap()
+            .edit("a", "b", false)
+            .unwrap_err();
+        assert_eq!(missing.code, codes::FS_NOT_FOUND, "{missing}");
+        let long = root.join("n".repeat(300));
+        let err = Target::beneath(&root, &long, Parents::Create, ww)
+            .unwrap()
+            .write(b"x")
+            .unwrap_err();
+        assert!(err.message.contains("cannot inspect"), "{err}");
+        // What is not a regular file is named, with help that fits it.
+        std::fs::create_dir(root.join("dir")).unwrap();
+        let dir = read_text(&root.join("dir")).unwrap_err();
+        let help = |e: &Error| e.help.clone().unwrap_or_default();
+        assert!(
+            help(&dir).starts_with("list the directory instead"),
+            "{dir}"
+        );
+        let fifo = root.join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let pipe = read_text(&fifo).unwrap_err();
+        assert!(help(&pipe).contains("timeout 5 head"), "{pipe}");
+    }
 }
