@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cordis_e2e::{target_dir, unique, Host, Outside, Scratch, Started};
+use cordis_sdk::host::{ModelContext, ModelContextClient};
 use cordis_sdk::Error;
 use dsh_fs_api::{codes, EditText, FileSystem, FsClient, ListDir, WriteText};
 use dsh_sandbox::{
@@ -980,11 +981,19 @@ fn policy_text_is_empty_without_a_family_and_names_the_canonical_root() {
     })
     .unwrap();
     assert!(pol
-        .policy_text(Some(id))
+        .policy_text(Some(id.clone()))
         .unwrap()
         .starts_with("Current DSH file policy: read-only."));
+    // Front-ends read the same text through the `sandbox:policy` model-context service.
+    let context: ModelContextClient = started.service("sandbox:policy");
+    assert_eq!(
+        context.context(Some(id.clone())).unwrap(),
+        pol.policy_text(Some(id.clone())).unwrap()
+    );
+    assert_eq!(context.context(None).unwrap(), text);
     pol.unregister_enforced_family(token).unwrap();
     assert_eq!(pol.policy_text(None).unwrap(), "");
+    assert_eq!(context.context(Some(id)).unwrap(), "");
 }
 
 /// The fence allows exactly the paths beneath `writable_roots(policy)`.

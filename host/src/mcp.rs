@@ -36,6 +36,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData, Peer, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -91,11 +92,44 @@ pub async fn serve_stdio_with(
     options: McpOptions,
     notifier: ToolListNotifier,
 ) -> anyhow::Result<()> {
+    serve_connection(runtime, options, notifier, protocol_stdio).await
+}
+
+/// Serves one connection over `input` and `output` (newline-delimited JSON-RPC) exactly as
+/// [`serve_stdio_with`] serves stdio, for clients in the same process.
+pub async fn serve_io<R, W>(
+    runtime: Arc<Runtime>,
+    options: McpOptions,
+    notifier: ToolListNotifier,
+    input: R,
+    output: W,
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    serve_connection(runtime, options, notifier, move || Ok((input, output))).await
+}
+
+/// One connection: its session is opened and bound for approvals before `io` is set up.
+async fn serve_connection<R, W>(
+    runtime: Arc<Runtime>,
+    options: McpOptions,
+    notifier: ToolListNotifier,
+    io: impl FnOnce() -> anyhow::Result<(R, W)>,
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
     let session = open_session(&runtime, &options)?;
     tracing::info!(session = %session.id, cwd = %session.cwd.display(), "mcp session");
     let server = McpServer::new(runtime.clone(), session.clone())?;
     runtime.host.approvals.bind(&session.id, server.asker());
-    let result = serve(server, notifier).await;
+    let result = match io() {
+        Ok(io) => serve(server, notifier, io).await,
+        Err(e) => Err(e),
+    };
     runtime.host.approvals.unbind(&session.id);
     result
 }
@@ -123,13 +157,21 @@ fn protocol_stdio() -> anyhow::Result<(tokio::io::Stdin, tokio::fs::File)> {
     Ok((tokio::io::stdin(), tokio::fs::File::from_std(out)))
 }
 
-async fn serve(server: McpServer, notifier: ToolListNotifier) -> anyhow::Result<()> {
+async fn serve<R, W>(
+    server: McpServer,
+    notifier: ToolListNotifier,
+    io: (R, W),
+) -> anyhow::Result<()>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
     let sinks = server.shared.sinks.clone();
-    let running = match server.serve(protocol_stdio()?).await {
+    let running = match server.serve(io).await {
         Ok(r) => r,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
             // The client went away before initializing (or stdin was empty): nothing to serve.
-            tracing::info!("stdin closed before an MCP client initialized");
+            tracing::info!("the input closed before an MCP client initialized");
             return Ok(());
         }
         Err(e) => return Err(anyhow::Error::new(e).context("failed to start the mcp server")),

@@ -19,16 +19,24 @@ pub const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
 /// `--state-dir`, else `CORDIS_STATE_DIR`, else `$XDG_STATE_HOME/cordis`, else
 /// `~/.local/state/cordis`, else `.cordis-state` in the current directory.
 pub fn default_state_dir(flag: Option<&Path>) -> PathBuf {
+    state_dir_from(flag, |name| std::env::var_os(name))
+}
+
+/// [`default_state_dir`] with the environment read through `env`.
+fn state_dir_from(
+    flag: Option<&Path>,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> PathBuf {
     if let Some(f) = flag {
         return f.to_path_buf();
     }
-    if let Some(d) = std::env::var_os(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
+    if let Some(d) = env(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+    if let Some(d) = env("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(d).join("cordis");
     }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+    match env("HOME").filter(|d| !d.is_empty()) {
         Some(home) => PathBuf::from(home).join(".local/state/cordis"),
         None => PathBuf::from(".cordis-state"),
     }
@@ -577,5 +585,116 @@ mod tests {
             Err(SessionError::NotFound(_))
         ));
         assert_eq!(store.get(&real.id).unwrap().id, real.id);
+    }
+
+    #[test]
+    fn the_state_dir_follows_flag_then_environment() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let all: &[(&str, &str)] = &[
+            (STATE_DIR_ENV, "/state"),
+            ("XDG_STATE_HOME", "/xdg"),
+            ("HOME", "/home/me"),
+        ];
+        let dir = |flag: Option<&str>, vars| state_dir_from(flag.map(Path::new), env(vars));
+        assert_eq!(dir(Some("/flag"), all), PathBuf::from("/flag"));
+        assert_eq!(dir(None, all), PathBuf::from("/state"));
+        let empty_state: &[(&str, &str)] = &[
+            (STATE_DIR_ENV, ""),
+            ("XDG_STATE_HOME", "/xdg"),
+            ("HOME", "/home/me"),
+        ];
+        assert_eq!(dir(None, empty_state), PathBuf::from("/xdg/cordis"));
+        let home_only: &[(&str, &str)] = &[("XDG_STATE_HOME", ""), ("HOME", "/home/me")];
+        assert_eq!(
+            dir(None, home_only),
+            PathBuf::from("/home/me/.local/state/cordis")
+        );
+        assert_eq!(dir(None, &[("HOME", "")]), PathBuf::from(".cordis-state"));
+    }
+
+    #[test]
+    fn ids_are_fresh_listed_and_shown_cut() {
+        let state = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(state.path());
+        let a = store.create(state.path()).unwrap();
+        let b = store.create(state.path()).unwrap();
+        assert_ne!(a.id, b.id);
+        assert!(check_id(&a.id).is_ok(), "{}", a.id);
+        let mut ids = vec![a.id.clone(), b.id.clone()];
+        ids.sort();
+        assert_eq!(store.list(), ids);
+        let shown = |id: &str| match check_id(id) {
+            Err(SessionError::InvalidId(shown)) => shown,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            shown(&"/".repeat(80)),
+            format!("{:?} (80 bytes)", "/".repeat(80))
+        );
+        assert_eq!(
+            shown(&"/".repeat(81)),
+            format!("{:?}… (81 bytes)", "/".repeat(80))
+        );
+    }
+
+    #[test]
+    fn the_service_speaks_the_store_with_stable_error_codes() {
+        let state = tempfile::tempdir().unwrap();
+        let store = Arc::new(SessionStore::new(state.path()));
+        let info = store.create(state.path()).unwrap();
+        let service = SessionsService(store);
+        let append = |kind: &str| {
+            service.append(NewEvent {
+                session: info.id.clone(),
+                kind: kind.into(),
+                data: serde_json::json!({"n": kind}),
+            })
+        };
+        assert_eq!(append("a").unwrap(), 1);
+        assert_eq!(append("b").unwrap(), 2);
+        let events = service
+            .events(EventQuery {
+                session: info.id.clone(),
+                kind: Some("b".into()),
+            })
+            .unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].seq, events[0].data["n"].as_str()),
+            (2, Some("b"))
+        );
+        assert_eq!(service.info(info.id.clone()).unwrap().cwd, info.cwd);
+        let code = |id: &str| service.info(id.to_string()).unwrap_err().code;
+        assert_eq!(code("s0"), "SESSION_NOT_FOUND");
+        assert_eq!(code("../x"), cordis_sdk::codes::INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn a_header_only_first_and_events_only_after_it() {
+        let state = tempfile::tempdir().unwrap();
+        let store = SessionStore::new(state.path());
+        let info = store.create(state.path()).unwrap();
+        let path = store.path_of(&info.id);
+        let header = std::fs::read_to_string(&path).unwrap();
+        // A second header, then an event in a log that starts with one.
+        std::fs::write(&path, format!("{header}{header}")).unwrap();
+        let err = SessionStore::new(state.path()).get(&info.id).unwrap_err();
+        assert!(
+            matches!(err, SessionError::Corrupt { line: 2, .. }),
+            "{err}"
+        );
+        let event = r#"{"type":"event","seq":1,"kind":"k","data":null}"#;
+        std::fs::write(&path, format!("{event}\n")).unwrap();
+        let err = SessionStore::new(state.path()).get(&info.id).unwrap_err();
+        assert!(
+            matches!(err, SessionError::Corrupt { line: 1, .. }),
+            "{err}"
+        );
     }
 }

@@ -5,6 +5,8 @@
 //! - `schema [--check]`: regenerate `schemas/` from the workspace's plugins (or check it);
 //! - `mutants [GROUP...]`: mutation testing of the security crates (`cargo mutants`), the
 //!   result summed up in `target/mutants/summary.txt` (see `docs/mutants.md`).
+//! - `fuzz [SECONDS]`: run every cargo-fuzz target in `fuzz/` for SECONDS each (default
+//!   30), starting from its seeds; fails when a target crashes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -16,8 +18,9 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("schema") => schema(args.get(1).map(String::as_str) == Some("--check")),
         Some("mutants") => mutants(&args[1..]),
+        Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
         _ => Err(
-            "usage: cargo xtask run [cordis run flags] | cargo xtask test | cargo xtask schema [--check] | cargo xtask mutants [GROUP...]"
+            "usage: cargo xtask run [cordis run flags] | cargo xtask test | cargo xtask schema [--check] | cargo xtask fuzz [SECONDS] | cargo xtask mutants [GROUP...]"
                 .to_string(),
         ),
     };
@@ -340,4 +343,120 @@ fn regex_escape(text: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// `cargo +nightly` (cargo-fuzz needs the nightly toolchain), without the toolchain choice
+/// this process inherited from the stable `cargo xtask`.
+fn nightly_cargo() -> Command {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root()).arg("+nightly");
+    for var in ["RUSTUP_TOOLCHAIN", "CARGO", "RUSTC", "RUSTDOC"] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// The cargo-fuzz targets: `fuzz/fuzz_targets/<target>.rs`.
+fn fuzz_targets() -> Result<Vec<String>, String> {
+    let dir = root().join("fuzz/fuzz_targets");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".rs").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The files in `dir` (none when it does not exist).
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.is_file());
+    files.sort();
+    files
+}
+
+/// Copies the committed seeds of `target` into its working corpus (git-ignored).
+fn seed_corpus(target: &str) -> Result<PathBuf, String> {
+    let fuzz = root().join("fuzz");
+    let corpus = fuzz.join("corpus").join(target);
+    std::fs::create_dir_all(&corpus).map_err(|e| format!("{}: {e}", corpus.display()))?;
+    for seed in files_in(&fuzz.join("seeds").join(target)) {
+        let to = corpus.join(seed.file_name().expect("a file has a name"));
+        std::fs::copy(&seed, &to).map_err(|e| format!("{}: {e}", seed.display()))?;
+    }
+    Ok(corpus)
+}
+
+fn fuzz(seconds: Option<&str>) -> Result<(), String> {
+    let seconds: u64 = match seconds {
+        None => 30,
+        Some(s) => s
+            .parse()
+            .map_err(|_| format!("`{s}` is not a number of seconds"))?,
+    };
+    let installed = nightly_cargo()
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        return Err(
+            "cargo-fuzz is not installed: `cargo install cargo-fuzz --locked` \
+             (it needs the nightly toolchain: `rustup toolchain install nightly`)"
+                .to_string(),
+        );
+    }
+    // Without AddressSanitizer: the targets run safe Rust and load no plugin library, and
+    // the sanitizer would cost a third more build time and half the executions.
+    let fuzz_args = ["--fuzz-dir", "fuzz", "--sanitizer", "none"];
+    let mut cmd = nightly_cargo();
+    cmd.args(["fuzz", "build"]).args(fuzz_args);
+    status(cmd, "cargo +nightly fuzz build --sanitizer none")?;
+    let mut crashed = Vec::new();
+    for target in fuzz_targets()? {
+        let corpus = seed_corpus(&target)?;
+        let artifacts = root().join("fuzz/artifacts").join(&target);
+        let started = std::time::SystemTime::now();
+        let mut cmd = nightly_cargo();
+        cmd.args(["fuzz", "run"])
+            .args(fuzz_args)
+            .arg(&target)
+            .arg(&corpus)
+            .arg("--")
+            .arg(format!("-max_total_time={seconds}"))
+            // Inputs up to 64 KiB; an input that needs 2 GiB or 30 s is a crash too.
+            .args(["-max_len=65536", "-rss_limit_mb=2048", "-timeout=30"])
+            .arg("-print_final_stats=1");
+        if let Err(e) = status(cmd, &format!("fuzz target `{target}` for {seconds} s")) {
+            // Written by this run (a known input is written again under the same name).
+            let new: Vec<PathBuf> = files_in(&artifacts)
+                .into_iter()
+                .filter(|p| {
+                    p.metadata()
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t >= started)
+                })
+                .collect();
+            eprintln!("xtask: {e}");
+            for artifact in &new {
+                eprintln!(
+                    "xtask: `{target}` crashed on {} (reproduce: cargo +nightly fuzz run {} {target} {})",
+                    artifact.display(),
+                    fuzz_args.join(" "),
+                    artifact.display()
+                );
+            }
+            crashed.push(target);
+        }
+    }
+    if crashed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("fuzz targets crashed: {}", crashed.join(", ")))
+    }
 }

@@ -10,6 +10,7 @@ use cordis_sdk::host::{ApprovalClient, APPROVAL};
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{SandboxPolicyClient, SANDBOX_POLICY};
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, DEFAULT_TIMEOUT_MS, SHELL};
+use dsh_tool_core::args::BashArgs;
 use dsh_tool_core::{
     backend_error, denial, one_line, register, resolve_path, CallArgs, CallPolicy, Escalating, Step,
 };
@@ -21,23 +22,6 @@ pub struct Config {}
 
 /// The longest timeout a call may ask for (10 minutes).
 const MAX_TIMEOUT_MS: u64 = 600_000;
-
-/// `bash` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct BashArgs {
-    /// The script, run with `bash -c`.
-    command: String,
-    /// Kill the command (and everything it started) after this many milliseconds
-    /// (default 120000, at most 600000).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 600_000))]
-    timeout_ms: Option<u64>,
-    /// The working directory, inside the session directory: relative to it, or absolute
-    /// beneath it (default: the session directory).
-    #[serde(default)]
-    workdir: Option<String>,
-}
 
 const BASH: &str = "Runs a bash script and returns its stdout, stderr and exit status. The result is an error when the command exits non-zero, is killed, or times out. File writes are subject to the session's sandbox policy.";
 

@@ -3,10 +3,13 @@
 //! model can act on ([`decode`]), building each tool's input schema with the escalation
 //! fields when the backend is confined ([`input_schema`]), resolving a model's path against
 //! the session ([`resolve_path`]), the per-call policy with the fail-closed escalation flow
-//! ([`CallPolicy`]), and the model-facing denial text ([`denial`]).
+//! ([`CallPolicy`]), the model-facing denial text ([`denial`]), and the bundled tools'
+//! argument types ([`args`]).
 //!
 //! A model's mistake never becomes an `Err`: every function here that judges model input
 //! returns a [`ToolResult`] error instead.
+
+pub mod args;
 
 use std::path::{Path, PathBuf};
 

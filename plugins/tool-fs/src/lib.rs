@@ -16,6 +16,7 @@ use dsh_fs_api::{
     ReadLines, WriteText, FS,
 };
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode, SandboxPolicyClient, SANDBOX_POLICY};
+use dsh_tool_core::args::{EditArgs, ListArgs, ReadArgs, WriteArgs};
 use dsh_tool_core::{
     denial, one_line, register, resolve_path, CallArgs, CallPolicy, Escalating, Step, Stop,
 };
@@ -71,56 +72,6 @@ impl Config {
             max_line_bytes: self.read_max_line_bytes.get(),
         }
     }
-}
-
-/// `read` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct ReadArgs {
-    /// The file to read: relative to the session directory, or absolute.
-    path: String,
-    /// The first line to return, counting from 1 (default 1).
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    offset: Option<u64>,
-    /// How many lines to return (default: to the end of the file, up to the read caps).
-    #[serde(default)]
-    #[schemars(range(min = 1))]
-    limit: Option<u64>,
-}
-
-/// `write` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct WriteArgs {
-    /// The file to create or replace: relative to the session directory, or absolute.
-    /// Missing parent directories are created.
-    path: String,
-    /// The whole new content of the file.
-    content: String,
-}
-
-/// `edit` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct EditArgs {
-    /// The existing text file to edit: relative to the session directory, or absolute.
-    path: String,
-    /// The exact text to replace (whitespace and line breaks included).
-    old_string: String,
-    /// The text to put in its place.
-    new_string: String,
-    /// Replace every occurrence; otherwise `old_string` must occur exactly once.
-    #[serde(default)]
-    replace_all: Option<bool>,
-}
-
-/// `list` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-struct ListArgs {
-    /// The directory to list: relative to the session directory, or absolute.
-    path: String,
 }
 
 /// The `read` tool's description under `caps`.
