@@ -489,7 +489,7 @@ fn fifos_sockets_devices_and_directories_are_refused_without_blocking() {
         for (tool, args, want) in cases {
             // Exit 1: an error result naming the path and its kind, with a fix.
             call(
-                &scratch,
+                scratch,
                 tool,
                 args,
                 1,
@@ -568,7 +568,7 @@ fn binary_content_is_described_never_dumped() {
         ];
         for (name, message, hint) in cases {
             let out = call(
-                &scratch,
+                scratch,
                 "read",
                 json!({ "path": name }),
                 1,
@@ -578,7 +578,7 @@ fn binary_content_is_described_never_dumped() {
         }
         // A page stops before a binary line past the sniffed start ...
         let out = call(
-            &scratch,
+            scratch,
             "read",
             json!({"path": "late.txt", "offset": 999}),
             0,
@@ -593,14 +593,14 @@ fn binary_content_is_described_never_dumped() {
         );
         // ... a page starting at it is refused, and the text after it reads.
         call(
-            &scratch,
+            scratch,
             "read",
             json!({"path": "late.txt", "offset": 1001}),
             1,
             &["a NUL byte at byte 17001", "[FS_NOT_TEXT]"],
         );
         let out = call(
-            &scratch,
+            scratch,
             "read",
             json!({"path": "late.txt", "offset": 1002}),
             0,
@@ -618,7 +618,7 @@ fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
     for_each_backend(|backends, scratch, root| {
         let text = numbered(1..=3000);
         sparse_gigabyte(&root.join("huge.txt"), text.as_bytes());
-        let out = call(&scratch, "read", json!({"path": "huge.txt"}), 0, &[]);
+        let out = call(scratch, "read", json!({"path": "huge.txt"}), 0, &[]);
         let want = format!(
             "{}[Cut at the 2000-line read cap: lines 1-2000 shown; the file (1073741824 bytes) goes on. To continue, call read with offset 2001.]\n",
             numbered(1..=2000)
@@ -633,7 +633,7 @@ fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
             out.len()
         );
         let out = call(
-            &scratch,
+            scratch,
             "read",
             json!({"path": "huge.txt", "offset": 2001}),
             0,
@@ -648,7 +648,7 @@ fn a_sparse_gigabyte_file_is_read_one_bounded_page_at_a_time() {
         );
         assert_eq!(out, want, "{backends:?}: the second page, up to the zeros");
         let out = call(
-            &scratch,
+            scratch,
             "read",
             json!({"path": "huge.txt", "offset": 2990, "limit": 3}),
             0,
@@ -667,7 +667,7 @@ fn an_edit_holds_at_most_sixteen_mebibytes() {
     for_each_backend(|backends, scratch, root| {
         sparse_gigabyte(&root.join("huge.txt"), b"");
         let out = call(
-            &scratch,
+            scratch,
             "edit",
             json!({"path": "huge.txt", "old_string": "a", "new_string": "b"}),
             1,
@@ -678,7 +678,7 @@ fn an_edit_holds_at_most_sixteen_mebibytes() {
         let small = "x".repeat(1024);
         std::fs::write(root.join("small.txt"), &small).expect("write small.txt");
         call(
-            &scratch,
+            scratch,
             "edit",
             json!({"path": "small.txt", "old_string": "x", "new_string": "y".repeat(32 * 1024), "replace_all": true}),
             1,
