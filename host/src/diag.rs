@@ -3,6 +3,7 @@
 //! the one registry ([`CODES`]); text is rendered cargo-style by `annotate-snippets` (byte
 //! spans, display widths, untrusted text normalized), JSON by [`Diagnostic::to_json`].
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -153,15 +154,16 @@ impl Diagnostic {
     /// given, the source line with a caret under the offending value. Never panics,
     /// whatever the position and the text.
     pub fn render(&self, file: &Path, source: Option<&str>) -> String {
-        let path = file.display().to_string();
+        let path = printable(&file.display().to_string()).into_owned();
         let level = match self.code.severity {
             Severity::Error => Level::ERROR,
         };
-        let title = level.primary_title(&self.message).id(self.code.name);
+        let message = printable(&self.message);
+        let title = level.primary_title(message.as_ref()).id(self.code.name);
         let mut group: Group<'_> = match self.pos {
             Some(pos) => match source.and_then(|s| snippet_span(s, pos)) {
                 Some((line, span)) => title.element(
-                    Snippet::source(line)
+                    Snippet::source(line.into_owned())
                         .line_start(pos.line)
                         .path(path.as_str())
                         .fold(false)
@@ -178,12 +180,15 @@ impl Diagnostic {
         let notes: Vec<String> = self
             .notes
             .iter()
-            .map(|n| normalize_untrusted_str(n))
+            .map(|n| normalize_untrusted_str(&printable(n)))
             .collect();
         for note in &notes {
             group = group.element(Level::NOTE.message(note.as_str()));
         }
-        let help = self.help.as_deref().map(normalize_untrusted_str);
+        let help = self
+            .help
+            .as_deref()
+            .map(|h| normalize_untrusted_str(&printable(h)));
         if let Some(help) = &help {
             group = group.element(Level::HELP.message(help.as_str()));
         }
@@ -213,8 +218,8 @@ impl Diagnostic {
 /// `pos` (up to a `:`, `#`, `,`, `]` or `}`; one character for a flow collection's
 /// opening bracket; at least one character); `None` when `pos` is not in
 /// `source`.
-fn snippet_span(source: &str, pos: Pos) -> Option<(&str, std::ops::Range<usize>)> {
-    let line = source.lines().nth(pos.line.checked_sub(1)?)?;
+fn snippet_span(source: &str, pos: Pos) -> Option<(Cow<'_, str>, std::ops::Range<usize>)> {
+    let line = printable(source.lines().nth(pos.line.checked_sub(1)?)?);
     let col = pos.col.saturating_sub(1);
     let start = line
         .char_indices()
@@ -227,7 +232,30 @@ fn snippet_span(source: &str, pos: Pos) -> Option<(&str, std::ops::Range<usize>)
     } else {
         token.len()
     };
-    Some((line, start..start + len))
+    let span = start..start + len;
+    Some((line, span))
+}
+
+/// `text` with what a terminal could take as a command replaced by `\u{FFFD}`, one
+/// character for one (so character columns still hold): the C1 controls (U+0080–U+009F,
+/// among them the one-character CSI) and the bidirectional overrides and isolates that can
+/// make shown text read differently from what it is. The C0 controls are left to
+/// `annotate-snippets`, which shows them as symbols.
+fn printable(text: &str) -> Cow<'_, str> {
+    let hostile = |c: char| {
+        ('\u{80}'..='\u{9f}').contains(&c)
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+    };
+    if text.chars().any(hostile) {
+        Cow::Owned(
+            text.chars()
+                .map(|c| if hostile(c) { '\u{fffd}' } else { c })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(text)
+    }
 }
 
 /// Where the token at the start of `rest` ends: at a `:`, `#`, `,`, `]` or a `}` that does
@@ -336,11 +364,19 @@ mod tests {
 
     #[test]
     fn terminal_escapes_in_the_text_are_not_passed_through() {
-        let d = Diagnostic::new(UNKNOWN_KEY, "unknown entry key `\u{1b}[2J`")
-            .note("note \u{1b}]0;title\u{7}")
-            .help("help \u{1b}[31m");
-        let text = d.render(Path::new("cordis.yml"), None);
-        assert!(!text.contains('\u{1b}'), "{text:?}");
+        let d = Diagnostic::new(UNKNOWN_KEY, "unknown entry key `\u{1b}[2J\u{9b}31m`")
+            .at(Pos { line: 1, col: 3 })
+            .note("note \u{1b}]0;title\u{7}\u{202e}")
+            .help("help \u{1b}[31m\u{90}");
+        let source = "- \u{9b}2J\u{1b}[31m\u{2066}: x\n";
+        let text = d.render(Path::new("cordis\u{9b}.yml"), Some(source));
+        let hostile = |c: char| {
+            c.is_control() && c != '\n'
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c)
+        };
+        assert!(!text.chars().any(hostile), "{text:?}");
+        assert!(text.contains("1 | - \u{fffd}2J"), "{text}");
     }
 
     #[test]
