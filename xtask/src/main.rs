@@ -236,7 +236,7 @@ const MUTANT_GROUPS: &[MutantGroup] = &[
     MutantGroup {
         name: "host-plan",
         select: &["-p", "cordis-host", "-f", "host/src/plan.rs"],
-        covering: "package(cordis-host) | binary(host) | binary(diagnostics)",
+        covering: "package(cordis-host) | binary(host) | binary(diagnostics) | binary(reload)",
     },
 ];
 
