@@ -254,6 +254,10 @@ fn mutants(only: &[String]) -> Result<(), String> {
         .filter(|g| only.is_empty() || only.iter().any(|o| o == g.name))
     {
         let first = out.join(group.name).join("own-tests");
+        let second = out.join(group.name).join("covering-tests");
+        for dir in [&first, &second] {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
         let mut cmd = mutants_command(group.select, &first);
         cmd.args(["--", "--no-tests=pass"]);
         let _ = status(
@@ -263,7 +267,6 @@ fn mutants(only: &[String]) -> Result<(), String> {
         let survivors = read_lines(&first.join("mutants.out/missed.txt"));
         let mut counts = mutant_counts(&first);
         if !survivors.is_empty() {
-            let second = out.join(group.name).join("covering-tests");
             let exact: Vec<String> = survivors
                 .iter()
                 .map(|m| format!("^{}$", regex_escape(m)))
