@@ -61,6 +61,7 @@ fn policy(mode: SandboxMode, root: &Path) -> Option<SandboxExecutionPolicy> {
     Some(SandboxExecutionPolicy {
         mode,
         workspace_root: root.to_path_buf(),
+        network: false,
     })
 }
 
@@ -1009,6 +1010,7 @@ fn the_fence_agrees_with_writable_roots() {
     let p = SandboxExecutionPolicy {
         mode: WorkspaceWrite,
         workspace_root: ws.clone(),
+        network: false,
     };
     let roots = writable_roots(&p);
     assert_eq!(roots[0], ws);

@@ -26,6 +26,7 @@ fn call_with(rt: &Runtime, session: &SessionInfo, tool: &str, args: serde_json::
             &CallContext {
                 session: session.clone(),
                 call_id: "reload-test".into(),
+                cancel_fd: None,
             },
             &args,
         )
@@ -336,6 +337,7 @@ fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
                         &CallContext {
                             session: session.clone(),
                             call_id: "load".into(),
+                            cancel_fd: None,
                         },
                         &serde_json::json!({"name": "load"}),
                     );

@@ -122,6 +122,7 @@ impl Caller for Tools {
         let call = CallContext {
             session: session.clone(),
             call_id: format!("thread-call-{}", unique()),
+            cancel_fd: None,
         };
         slot.call(&call, &args)
     }

@@ -637,6 +637,7 @@ fn call(host: Host, args: CallArgs) -> ExitCode {
     let call = CallContext {
         session,
         call_id: format!("cli-{}", std::process::id()),
+        cancel_fd: None,
     };
     let outcome = runtime.call_tool(&args.tool, &call, &parsed);
     runtime.shutdown();

@@ -18,6 +18,7 @@
 //! Without the client's elicitation capability the answer is `unavailable`.
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
@@ -167,6 +168,15 @@ where
     W: AsyncWrite + Send + Unpin + 'static,
 {
     let sinks = server.shared.sinks.clone();
+    let cancels = server.shared.clone();
+    let (ended, input_ended) = tokio::sync::oneshot::channel();
+    let io = (
+        EndOfInput {
+            inner: io.0,
+            ended: Some(ended),
+        },
+        io.1,
+    );
     let running = match server.serve(io).await {
         Ok(r) => r,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
@@ -183,10 +193,54 @@ where
             announce_tools_changed(&peer, &sinks).await;
         }
     });
-    let quit = running.waiting().await;
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
+    let quit = tokio::select! {
+        quit = &mut waiting => Some(quit),
+        Ok(()) = input_ended => None,
+    };
     forward.abort();
-    quit.context("the mcp connection failed")?;
+    match quit {
+        Some(quit) => {
+            quit.context("the mcp connection failed")?;
+        }
+        None => {
+            // The client is gone: nobody will read an answer, so every call in flight is
+            // cancelled (a running command is killed) instead of being waited for.
+            let cancelled = std::mem::take(&mut *lock(&cancels.cancels));
+            tracing::info!(
+                calls = cancelled.len(),
+                "the client closed its input; cancelling the calls in flight"
+            );
+        }
+    }
     Ok(())
+}
+
+/// The client's input, telling `ended` when it reaches end of file. rmcp keeps serving the
+/// calls in flight after its input ends; the connection instead ends at once.
+struct EndOfInput<R> {
+    inner: R,
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for EndOfInput<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            if buf.filled().len() == before && buf.remaining() > 0 {
+                if let Some(ended) = self.ended.take() {
+                    let _ = ended.send(());
+                }
+            }
+        }
+        polled
+    }
 }
 
 async fn announce_tools_changed(peer: &Peer<RoleServer>, sinks: &Mutex<Vec<SubscriptionSink>>) {
@@ -237,6 +291,23 @@ impl Ask {
     }
 }
 
+/// A close-on-exec pipe: (read end, write end).
+fn cancel_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
 /// What a tool thread hands back: its result and the model context right after it.
 type Finished = (Result<ToolResult, UnknownTool>, String);
 
@@ -266,6 +337,9 @@ struct Shared {
     session: SessionInfo,
     /// Per call id: where that call's approval requests go.
     calls: Mutex<HashMap<String, mpsc::UnboundedSender<Ask>>>,
+    /// Per running call id: the write end of its cancel pipe. Removing it cancels the call
+    /// (the tool sees end of file on `CallContext::cancel_fd`).
+    cancels: Mutex<HashMap<String, std::os::fd::OwnedFd>>,
     parked: Mutex<HashMap<u64, Parked>>,
     codec: RequestStateCodec,
     /// The model context the client was last shown.
@@ -304,6 +378,7 @@ impl McpServer {
                 runtime,
                 session,
                 calls: Mutex::default(),
+                cancels: Mutex::default(),
                 parked: Mutex::default(),
                 codec,
                 shown: Mutex::default(),
@@ -357,15 +432,32 @@ impl McpServer {
         let call_id = format!("{}-{}", self.shared.call_prefix, self.next_id());
         let (tx, asks) = mpsc::unbounded_channel();
         lock(&self.shared.calls).insert(call_id.clone(), tx);
+        // The read end lives as long as the call; the write end as long as nobody cancels.
+        let cancel_rd = match cancel_pipe() {
+            Ok((rd, wr)) => {
+                lock(&self.shared.cancels).insert(call_id.clone(), wr);
+                Some(rd)
+            }
+            Err(e) => {
+                tracing::warn!("cannot create a cancel pipe; this call cannot be cancelled: {e}");
+                None
+            }
+        };
         let call = CallContext {
             session: self.shared.session.clone(),
             call_id: call_id.clone(),
+            cancel_fd: cancel_rd.as_ref().map(|fd| fd.as_raw_fd()),
         };
         let runtime = self.shared.runtime.clone();
+        let shared = Arc::downgrade(&self.shared);
         let name = tool.clone();
         let join = tokio::task::spawn_blocking(move || {
             let result = runtime.call_tool(&name, &call, &args);
             let context = runtime.model_context(Some(&call.session.id));
+            if let Some(shared) = shared.upgrade() {
+                lock(&shared.cancels).remove(&call.call_id);
+            }
+            drop(cancel_rd);
             (result, context)
         });
         Running {
@@ -411,8 +503,12 @@ impl McpServer {
         }
     }
 
-    /// Lets a call finish in the background, answering its approvals with `outcome`.
+    /// Lets a call finish in the background, answering its approvals with `outcome`; a
+    /// cancelled call is told so (a running command is killed).
     fn detach(&self, mut running: Running, outcome: ApprovalOutcome) {
+        if outcome == ApprovalOutcome::Cancelled {
+            lock(&self.shared.cancels).remove(&running.call_id);
+        }
         let shared = self.shared.clone();
         tokio::spawn(async move {
             loop {

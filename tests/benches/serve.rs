@@ -58,6 +58,7 @@ fn read_round_trips() {
     let call = CallContext {
         session,
         call_id: "bench".into(),
+        cancel_fd: None,
     };
     let mut in_process = Vec::with_capacity(CALLS);
     for _ in 0..CALLS {

@@ -327,6 +327,7 @@ impl Started {
         let call = cordis_sdk::CallContext {
             session: session.clone(),
             call_id: format!("test-call-{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+            cancel_fd: None,
         };
         self.registry
             .call_tool(name, &call, &args)
@@ -705,6 +706,7 @@ impl Outside {
         let probe = dsh_sandbox::SandboxExecutionPolicy {
             mode: dsh_sandbox::SandboxMode::WorkspaceWrite,
             workspace_root: PathBuf::from("/"),
+            network: false,
         };
         let temp_roots: Vec<PathBuf> = dsh_sandbox::writable_roots(&probe)
             .into_iter()

@@ -1,21 +1,32 @@
 //! `dsh-bash-local`: the unconfined `shell` backend. It runs every command with the shared
-//! runner and ignores the per-call policy; its capability fact is `sandbox_mode() = None`,
-//! so tools offer no escalation parameters on top of it.
+//! runner (the environment policy applies, and nothing a command starts outlives it) and
+//! ignores the per-call policy; its capability fact is `sandbox_mode() = None`, so tools
+//! offer no escalation parameters on top of it.
 
+use cordis_sdk::host::ModelContextClient;
 use cordis_sdk::prelude::*;
 use dsh_sandbox::SandboxMode;
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, SHELL};
+use dsh_shell_core::env::{EnvironmentContext, ENVIRONMENT_CONTEXT};
+use dsh_shell_core::EnvPolicy;
 
-/// The config: this backend has nothing to configure.
+/// The config: the environment commands get.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Config {}
+pub struct Config {
+    /// The environment policy (`inherit`, `ignoreDefaultExcludes`, `exclude`,
+    /// `includeOnly`, `set`); by default the host's environment without secrets.
+    #[serde(default)]
+    pub environment: EnvPolicy,
+}
 
-struct LocalShell;
+struct LocalShell {
+    env: EnvPolicy,
+}
 
 impl Shell for LocalShell {
     fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
-        dsh_shell_core::run(&request, None).map_err(|e| e.into_sdk_error())
+        dsh_shell_core::run(&request, None, &self.env).map_err(|e| e.into_sdk_error())
     }
 
     fn sandbox_mode(&self, _unit: ()) -> Result<Option<SandboxMode>> {
@@ -33,10 +44,16 @@ impl Plugin for BashLocalPlugin {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("runs shell commands unconfined")
             .provides::<ShellClient>(SHELL)
+            .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
     }
 
-    fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {
-        ctx.provide(SHELL, ShellClient::serve(LocalShell))?;
+    fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
+        let env = config.environment;
+        ctx.provide(
+            ENVIRONMENT_CONTEXT,
+            ModelContextClient::serve(EnvironmentContext(env.clone())),
+        )?;
+        ctx.provide(SHELL, ShellClient::serve(LocalShell { env }))?;
         tracing::info!(entry = %ctx.entry_id(), "unconfined shell ready");
         Ok(BashLocalPlugin)
     }

@@ -32,6 +32,7 @@ fn main() {
     let policy = SandboxExecutionPolicy {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.clone(),
+        network: false,
     };
 
     let mut criterion = Criterion::default()
@@ -47,6 +48,7 @@ fn main() {
         timeout_ms: Some(10_000),
         output_limit: None,
         policy: Some(policy.clone()),
+        cancel_fd: None,
     };
     for (group_name, command) in cases {
         let request = request(command);

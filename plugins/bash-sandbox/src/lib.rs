@@ -1,24 +1,35 @@
 //! `dsh-bash-sandbox`: the confined `shell` backend. Each command runs under the per-call
-//! policy (or, without one, the deployment default from `sandboxPolicy`) with its file
-//! writes confined by Landlock to exactly `dsh_sandbox::writable_roots(policy)` plus
-//! `/dev/null`; `read-only` grants only `/dev/null`, `danger-full-access` runs unconfined.
-//! If the kernel cannot fully enforce the ruleset the command is not run
-//! (`SHELL_SANDBOX_UNAVAILABLE`). It has no sandbox config of its own.
+//! policy (or, without one, the deployment default from `sandboxPolicy`) in its own user,
+//! mount, pid, ipc and (network off) network namespaces: `/` read-only, only
+//! `dsh_sandbox::writable_roots(policy)` writable (none in `read-only`), a minimal `/dev`,
+//! no capabilities, Landlock and a seccomp filter on top (see `dsh_shell_core::confine`);
+//! `danger-full-access` runs unconfined. If any of it cannot be set up the command is not
+//! run (`SHELL_SANDBOX_UNAVAILABLE`, naming the step). Its config is the environment
+//! policy; the sandbox policy comes from `sandboxPolicy`.
 
+use cordis_sdk::host::ModelContextClient;
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
     EnforcedFamily, ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SANDBOX_POLICY,
 };
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, SHELL};
-use dsh_shell_core::{flag_denial, run, Confinement, RunError};
+use dsh_shell_core::env::{EnvironmentContext, ENVIRONMENT_CONTEXT};
+use dsh_shell_core::{flag_denial, run, Confinement, EnvPolicy, RunError};
 
-/// The config: empty on purpose, the policy comes from `sandboxPolicy`.
+/// The config: the environment commands get; the sandbox policy comes from
+/// `sandboxPolicy`.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Config {}
+pub struct Config {
+    /// The environment policy (`inherit`, `ignoreDefaultExcludes`, `exclude`,
+    /// `includeOnly`, `set`); by default the host's environment without secrets.
+    #[serde(default)]
+    pub environment: EnvPolicy,
+}
 
 struct SandboxedShell {
     policy: SandboxPolicyClient,
+    env: EnvPolicy,
 }
 
 impl Shell for SandboxedShell {
@@ -29,7 +40,7 @@ impl Shell for SandboxedShell {
         };
         let confinement =
             Confinement::prepare(&policy).map_err(|e| RunError::from(e).into_sdk_error())?;
-        let mut result = run(&request, confinement).map_err(RunError::into_sdk_error)?;
+        let mut result = run(&request, confinement, &self.env).map_err(RunError::into_sdk_error)?;
         result.mode = Some(policy.mode);
         flag_denial(&mut result, policy.mode);
         Ok(result)
@@ -48,12 +59,13 @@ impl Plugin for BashSandboxPlugin {
 
     fn metadata() -> Metadata {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
-            .description("runs shell commands with file writes confined by Landlock")
+            .description("runs shell commands confined by namespaces, Landlock and seccomp")
             .provides::<ShellClient>(SHELL)
+            .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
     }
 
-    fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {
+    fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
         let policy: SandboxPolicyClient = ctx.inject(SANDBOX_POLICY)?;
         let token = policy.register_enforced_family(EnforcedFamily::Bash)?;
         let registry = policy.clone();
@@ -62,7 +74,12 @@ impl Plugin for BashSandboxPlugin {
                 tracing::warn!("could not withdraw the bash enforced family: {e}");
             }
         });
-        ctx.provide(SHELL, ShellClient::serve(SandboxedShell { policy }))?;
+        let env = config.environment;
+        ctx.provide(
+            ENVIRONMENT_CONTEXT,
+            ModelContextClient::serve(EnvironmentContext(env.clone())),
+        )?;
+        ctx.provide(SHELL, ShellClient::serve(SandboxedShell { policy, env }))?;
         tracing::info!(entry = %ctx.entry_id(), "confined shell ready");
         Ok(BashSandboxPlugin)
     }

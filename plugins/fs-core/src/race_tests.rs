@@ -81,6 +81,7 @@ fn policy(ws: &Path) -> SandboxExecutionPolicy {
     SandboxExecutionPolicy {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.to_path_buf(),
+        network: false,
     }
 }
 

@@ -42,6 +42,7 @@ fn main() {
     let policy = Some(SandboxExecutionPolicy {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.clone(),
+        network: false,
     });
     let content: String = "0123456789abcdef".repeat(256);
     assert_eq!(content.len(), 4096);

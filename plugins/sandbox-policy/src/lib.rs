@@ -40,6 +40,11 @@ pub struct Config {
     /// calls without a session; canonicalized when the plugin is applied and must exist.
     #[serde(default)]
     pub workspace_root: Option<PathBuf>,
+    /// Boolean; default `false`. Whether confined commands (`read-only` and
+    /// `workspace-write`) may use the network; off, a confined command has only its own
+    /// loopback and cannot create unix sockets. `danger-full-access` always may.
+    #[serde(default)]
+    pub network: bool,
 }
 
 /// Parses `mode`, naming the key and the allowed values when the spelling is wrong.
@@ -63,6 +68,7 @@ struct Policy {
     sessions: SessionsClient,
     default_mode: SandboxMode,
     workspace_root: PathBuf,
+    network: bool,
     families: Mutex<Families>,
 }
 
@@ -101,6 +107,7 @@ impl SandboxPolicy for PolicyHandle {
             return Ok(SandboxExecutionPolicy {
                 mode: args.mode.unwrap_or(self.default_mode),
                 workspace_root: self.workspace_root.clone(),
+                network: self.network,
             });
         };
         let info = self
@@ -123,6 +130,7 @@ impl SandboxPolicy for PolicyHandle {
         Ok(SandboxExecutionPolicy {
             mode: args.mode.or(logged).unwrap_or(self.default_mode),
             workspace_root: root,
+            network: self.network,
         })
     }
 
@@ -258,6 +266,7 @@ impl Plugin for SandboxPolicyPlugin {
             sessions,
             default_mode,
             workspace_root: workspace_root.clone(),
+            network: config.network,
             families: Mutex::new(Families::default()),
         }));
         ctx.provide(SANDBOX_POLICY, SandboxPolicyClient::serve(shared.clone()))?;

@@ -99,6 +99,10 @@ pub struct SandboxExecutionPolicy {
     pub mode: SandboxMode,
     /// The canonical workspace root for this call.
     pub workspace_root: PathBuf,
+    /// Whether a confined command may use the network (`read-only` and `workspace-write`;
+    /// `danger-full-access` always may). Off by default.
+    #[serde(default)]
+    pub network: bool,
 }
 
 /// The roots a `workspace-write` call may modify beneath: the workspace root, `/tmp` and
@@ -206,14 +210,20 @@ pub fn escalation_hint(mode: SandboxMode) -> String {
 /// The `sandbox:policy` text the model sees for a resolved policy (wording from the
 /// policy owner's documentation).
 pub fn policy_text(policy: &SandboxExecutionPolicy) -> String {
-    match policy.mode {
+    let files = match policy.mode {
         SandboxMode::ReadOnly => "Current DSH file policy: read-only. Any available operation enforced by the DSH file sandbox cannot modify files in the standing mode. Do not refuse a required modification from this policy alone: try an available tool normally and follow any denial and escalation guidance it returns.".to_string(),
         SandboxMode::WorkspaceWrite => format!(
             "Current DSH file policy: workspace-write. Any available operation enforced by the DSH file sandbox may modify files under the session workspace: \"{}\". Some platform temporary areas may also be writable.",
             policy.workspace_root.display()
         ),
-        SandboxMode::DangerFullAccess => "Current DSH file policy: danger-full-access. The DSH file sandbox does not restrict file modifications by available operations.".to_string(),
-    }
+        SandboxMode::DangerFullAccess => return "Current DSH file policy: danger-full-access. The DSH file sandbox does not restrict file modifications by available operations.".to_string(),
+    };
+    let network = if policy.network {
+        "Sandboxed commands may use the network."
+    } else {
+        "Sandboxed commands have no network access (only their own loopback) and cannot connect to unix sockets."
+    };
+    format!("{files} {network}")
 }
 
 /// The session event kind that records a mode switch.
@@ -660,6 +670,7 @@ mod tests {
         let roots = writable_roots(&SandboxExecutionPolicy {
             mode: SandboxMode::WorkspaceWrite,
             workspace_root: link,
+            network: false,
         });
         assert_eq!(roots[0], tmp.path().canonicalize().unwrap());
         assert!(roots.contains(&PathBuf::from("/tmp").canonicalize().unwrap()));
@@ -694,6 +705,7 @@ mod tests {
         let ws = |mode| SandboxExecutionPolicy {
             mode,
             workspace_root: "/w".into(),
+            network: false,
         };
         let all = [
             escalation_hint(ReadOnly),
@@ -718,8 +730,8 @@ mod tests {
             Escalation to `danger-full-access` was rejected by the user. The call was not run; nothing changed. Do not retry this escalation; continue within the current mode or ask the user how to proceed.
             Escalation to `workspace-write` was cancelled before a decision. The call was not run; nothing changed.
             Escalation to `danger-full-access` is unavailable: no approver can be asked in this session. The call was not run; nothing changed.
-            Current DSH file policy: read-only. Any available operation enforced by the DSH file sandbox cannot modify files in the standing mode. Do not refuse a required modification from this policy alone: try an available tool normally and follow any denial and escalation guidance it returns.
-            Current DSH file policy: workspace-write. Any available operation enforced by the DSH file sandbox may modify files under the session workspace: "/w". Some platform temporary areas may also be writable.
+            Current DSH file policy: read-only. Any available operation enforced by the DSH file sandbox cannot modify files in the standing mode. Do not refuse a required modification from this policy alone: try an available tool normally and follow any denial and escalation guidance it returns. Sandboxed commands have no network access (only their own loopback) and cannot connect to unix sockets.
+            Current DSH file policy: workspace-write. Any available operation enforced by the DSH file sandbox may modify files under the session workspace: "/w". Some platform temporary areas may also be writable. Sandboxed commands have no network access (only their own loopback) and cannot connect to unix sockets.
             Current DSH file policy: danger-full-access. The DSH file sandbox does not restrict file modifications by available operations.
             session event #7 `sandbox/mode` has value "root" outside the closed vocabulary (read-only, workspace-write, danger-full-access); the log was altered"#]].assert_eq(&all.join("\n"));
     }

@@ -122,6 +122,11 @@ pub struct CallContext {
     pub session: SessionInfo,
     /// A unique id for this call (approvals are bound to it).
     pub call_id: String,
+    /// A descriptor in this process, open for the whole call, that becomes readable (end
+    /// of file) when the call is cancelled: a plugin that blocks (a shell running a
+    /// command) polls it and stops. `None` when the front-end cannot cancel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_fd: Option<i32>,
 }
 
 /// A tool's result: text for the model, and whether it is an error result.

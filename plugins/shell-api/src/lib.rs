@@ -38,10 +38,15 @@ pub struct ExecRequest {
     pub output_limit: Option<u64>,
     /// The per-call policy; `None` means the backend's deployment default.
     pub policy: Option<SandboxExecutionPolicy>,
+    /// The calling tool call's cancel descriptor (`CallContext::cancel_fd`, same process):
+    /// when it becomes readable or reaches end of file, the command and every process it
+    /// started are killed.
+    #[serde(default)]
+    pub cancel_fd: Option<i32>,
 }
 
 /// How a command ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecResult {
     /// Exit status, when it exited.
     pub exit_code: Option<i32>,
@@ -53,8 +58,12 @@ pub struct ExecResult {
     pub stderr: String,
     /// Output was cut at the cap (a notice names the cap).
     pub truncated: bool,
-    /// The timeout fired and the process group was killed.
+    /// The timeout fired; the command and every process it started were killed.
     pub timed_out: bool,
+    /// The call was cancelled; the command and every process it started were killed (or,
+    /// cancelled before it started, it never ran).
+    #[serde(default)]
+    pub cancelled: bool,
     /// The sandbox denied a file access (inferred conservatively from the output).
     pub sandbox_denied: bool,
     /// The mode the command ran under (`None`: unconfined backend).

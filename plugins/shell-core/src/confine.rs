@@ -1,24 +1,34 @@
-//! Kernel confinement of a command's file writes with Landlock, to exactly the roots
-//! [`dsh_sandbox::writable_roots`] names (plus `/dev/null`), and the conservative detection
-//! of the denials it causes.
+//! The kernel confinement of a command: new user, mount, pid, ipc and (with network off)
+//! network namespaces with a read-only view of `/` in which exactly the roots
+//! [`dsh_sandbox::writable_roots`] names are writable, a minimal `/dev` and a fresh `/proc`;
+//! no capabilities; Landlock on top with the same writable roots (plus `/dev/null`), signal
+//! and abstract-socket scoping; and, with network off, a seccomp filter refusing
+//! `socket(AF_UNIX, …)` (a path-named socket outside the roots would otherwise reach a
+//! host daemon) and `io_uring_setup` (whose operations bypass seccomp). Also the
+//! conservative detection of the denials it causes.
 //!
-//! The ABI is pinned to [`PINNED_ABI`] with [`CompatLevel::HardRequirement`]: a kernel that
-//! cannot enforce every handled right makes [`Confinement::prepare`] or the restriction
-//! fail, and the command is not run. Reads and execution are not handled, so they stay
+//! Landlock's filesystem rights are pinned to [`PINNED_ABI`] with
+//! [`CompatLevel::HardRequirement`]: a kernel that cannot enforce every handled right makes
+//! [`Confinement::prepare`] fail, and the command is not run. Scoping is used where the
+//! kernel has it (Landlock ABI 6). Reads and execution are not handled, so they stay
 //! allowed everywhere.
 
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use dsh_sandbox::{denial_marker, writable_roots, SandboxExecutionPolicy, SandboxMode};
 use dsh_shell_api::ExecResult;
 use landlock::{
     AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, PathFdError, Ruleset,
-    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetError, RulesetStatus, ABI,
+    RulesetAttr, RulesetCreatedAttr, RulesetError, Scope, ABI,
 };
 
-/// The Landlock ABI the ruleset is written against: v5 (Linux 6.10) is the first ABI whose
-/// write-ish rights include `IoctlDev`; later ABIs add no filesystem write right this
-/// runner needs. Pinned so the confinement means the same on every kernel that runs it.
+use crate::child::{SandboxSpec, Stage, MAX_BINDS};
+
+/// The Landlock ABI the filesystem rules are written against: v5 (Linux 6.10) is the first
+/// ABI whose write-ish rights include `IoctlDev`; later ABIs add no filesystem write right
+/// this runner needs. Pinned so the confinement means the same on every kernel that runs it.
 pub const PINNED_ABI: ABI = ABI::V5;
 
 /// The one file outside the writable roots every confined command may write.
@@ -56,18 +66,36 @@ pub enum ConfineError {
         #[source]
         source: PathFdError,
     },
-    /// The ruleset was applied only partly or not at all.
-    #[error("the Landlock ruleset was not fully enforced (status: {status}); refusing to run the command with weaker confinement")]
-    NotEnforced {
-        /// The status the kernel reported.
-        status: String,
+    /// The kernel accepted no part of the ruleset.
+    #[error("the Landlock ruleset would not be enforced; refusing to run the command with weaker confinement")]
+    NotEnforced,
+    /// A path cannot be handed to the kernel (it contains a NUL byte).
+    #[error("the path `{}` contains a NUL byte", path.display())]
+    BadPath {
+        /// The path.
+        path: PathBuf,
     },
-    /// `no_new_privs` could not be set, so a setuid program could escape the confinement.
-    #[error("`no_new_privs` could not be set for the confined command")]
-    NoNewPrivs,
-    /// The confined spawning thread panicked.
-    #[error("the confined spawning thread panicked")]
-    SpawnThreadPanicked,
+    /// More writable roots and protected paths than one view binds.
+    #[error("{count} writable roots and protected paths; a sandbox binds at most {MAX_BINDS}")]
+    TooManyBinds {
+        /// How many were asked for.
+        count: usize,
+    },
+    /// The seccomp filter could not be compiled for this architecture.
+    #[error("cannot build the seccomp filter for {arch}: {reason}", arch = std::env::consts::ARCH)]
+    Seccomp {
+        /// What seccompiler said.
+        reason: String,
+    },
+    /// A setup step in the command's process failed; nothing was run.
+    #[error("the sandbox could not be set up: {doing} failed: {source}", doing = stage.doing())]
+    Setup {
+        /// The step.
+        stage: Stage,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ConfineError {
@@ -78,10 +106,15 @@ impl ConfineError {
                 "make sure the workspace root and the temp directories exist and are readable"
                     .to_string()
             }
-            ConfineError::SpawnThreadPanicked => {
-                "this is a bug in the shell runner; the command was not run".to_string()
+            ConfineError::BadPath { .. } => "use paths without NUL bytes".to_string(),
+            ConfineError::TooManyBinds { .. } => {
+                format!("protect fewer paths (at most {MAX_BINDS} binds in all)")
             }
-            _ => format!(
+            ConfineError::Seccomp { .. } => {
+                "run on x86_64 or aarch64, or compose `dsh-bash-local` to run commands unconfined on purpose".to_string()
+            }
+            ConfineError::Setup { stage, .. } => stage.help().to_string(),
+            ConfineError::Ruleset { .. } | ConfineError::NotEnforced => format!(
                 "run on Linux 6.10 or newer with Landlock enabled (`landlock` in the `lsm=` boot parameter, Landlock ABI {} or newer), or compose `dsh-bash-local` to run commands unconfined on purpose",
                 PINNED_ABI as u32
             ),
@@ -89,56 +122,142 @@ impl ConfineError {
     }
 }
 
-/// A prepared ruleset: built (root descriptors opened) on the caller's thread, enforced
-/// only on the fresh thread that spawns the command.
+/// A prepared confinement: the Landlock ruleset (root descriptors opened), the seccomp
+/// program and the mount plan, built in the host; entered only by the command's own
+/// processes between fork and exec.
 pub struct Confinement {
-    ruleset: RulesetCreated,
+    pub(crate) spec: SandboxSpec,
+}
+
+fn c_path(path: &Path) -> Result<CString, ConfineError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| ConfineError::BadPath {
+        path: path.to_path_buf(),
+    })
 }
 
 impl Confinement {
     /// Prepares the confinement for `policy`; `None` for `danger-full-access`.
     pub fn prepare(policy: &SandboxExecutionPolicy) -> Result<Option<Confinement>, ConfineError> {
+        Confinement::prepare_protecting(policy, &[])
+    }
+
+    /// As [`Confinement::prepare`], with `protected` paths re-bound read-only on top of the
+    /// writable roots (those that do not exist are skipped).
+    pub fn prepare_protecting(
+        policy: &SandboxExecutionPolicy,
+        protected: &[PathBuf],
+    ) -> Result<Option<Confinement>, ConfineError> {
         let Some(roots) = granted_write_roots(policy) else {
             return Ok(None);
         };
-        let write = AccessFs::from_write(PINNED_ABI);
-        let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
-        let mut ruleset = Ruleset::default()
-            .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(write)
-            .map_err(ruleset_err)?
-            .create()
-            .map_err(ruleset_err)?;
-        for root in roots {
-            let rights = rights_for(&root, write);
-            let fd = PathFd::new(&root).map_err(|source| ConfineError::OpenRoot {
-                path: root.clone(),
-                source,
-            })?;
-            ruleset = ruleset
-                .add_rule(PathBeneath::new(fd, rights))
-                .map_err(ruleset_err)?;
+        let landlock = landlock_ruleset(&roots)?;
+        let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
+        // Outermost first, so an inner root is bound on top of the outer one.
+        writable.sort_by_key(|r| r.components().count());
+        let protected: Vec<&PathBuf> = protected.iter().filter(|p| p.exists()).collect();
+        let count = writable.len() + protected.len();
+        if count > MAX_BINDS {
+            return Err(ConfineError::TooManyBinds { count });
         }
-        Ok(Some(Confinement { ruleset }))
+        // SAFETY: plain system calls without arguments.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let map = |id: u32| CString::new(format!("{id} {id} 1\n")).expect("no NUL in digits");
+        Ok(Some(Confinement {
+            spec: SandboxSpec {
+                uid_map: map(uid),
+                gid_map: map(gid),
+                writable: writable
+                    .into_iter()
+                    .map(|p| c_path(p))
+                    .collect::<Result<_, _>>()?,
+                protected: protected
+                    .into_iter()
+                    .map(|p| c_path(p))
+                    .collect::<Result<_, _>>()?,
+                cwd: CString::default(),
+                network: policy.network,
+                landlock,
+                seccomp: if policy.network {
+                    Vec::new()
+                } else {
+                    socket_filter()?
+                },
+            },
+        }))
     }
+}
 
-    /// Confines the CURRENT thread (and everything it spawns afterwards). Call it only on a
-    /// thread made for one command.
-    pub(crate) fn restrict_current_thread(self) -> Result<(), ConfineError> {
-        let status = self
-            .ruleset
-            .restrict_self()
-            .map_err(|source| ConfineError::Ruleset { source })?;
-        if status.ruleset != RulesetStatus::FullyEnforced {
-            return Err(ConfineError::NotEnforced {
-                status: format!("{:?}", status.ruleset),
-            });
-        }
-        if !status.no_new_privs {
-            return Err(ConfineError::NoNewPrivs);
-        }
-        Ok(())
+/// The Landlock ruleset: write-ish rights only beneath `roots`, signals and abstract unix
+/// sockets scoped to the sandbox where the kernel can.
+fn landlock_ruleset(roots: &[PathBuf]) -> Result<std::os::fd::OwnedFd, ConfineError> {
+    let write = AccessFs::from_write(PINNED_ABI);
+    let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(write)
+        .map_err(ruleset_err)?
+        .set_compatibility(CompatLevel::BestEffort)
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)
+        .map_err(ruleset_err)?
+        .create()
+        .map_err(ruleset_err)?;
+    for root in roots {
+        let rights = rights_for(root, write);
+        let fd = PathFd::new(root).map_err(|source| ConfineError::OpenRoot {
+            path: root.clone(),
+            source,
+        })?;
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .add_rule(PathBeneath::new(fd, rights))
+            .map_err(ruleset_err)?;
     }
+    let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
+    fd.ok_or(ConfineError::NotEnforced)
+}
+
+/// With network off: `socket(AF_UNIX, …)` and `io_uring_setup` fail with `EPERM`;
+/// everything else is allowed. `socketpair` stays allowed (it reaches nothing outside).
+fn socket_filter() -> Result<Vec<libc::sock_filter>, ConfineError> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+    let err = |e: &dyn std::fmt::Display| ConfineError::Seccomp {
+        reason: e.to_string(),
+    };
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
+    let unix = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_UNIX as u64,
+    )
+    .map_err(|e| err(&e))?;
+    let rules = [
+        (
+            libc::SYS_socket,
+            vec![SeccompRule::new(vec![unix]).map_err(|e| err(&e))?],
+        ),
+        (libc::SYS_io_uring_setup, vec![]),
+    ];
+    let filter = SeccompFilter::new(
+        rules.into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    let program: BpfProgram = filter.try_into().map_err(|e| err(&e))?;
+    Ok(program
+        .into_iter()
+        .map(|f| libc::sock_filter {
+            code: f.code,
+            jt: f.jt,
+            jf: f.jf,
+            k: f.k,
+        })
+        .collect())
 }
 
 /// Directory rights beneath a directory; only the file rights on a file.
@@ -183,6 +302,7 @@ mod tests {
         SandboxExecutionPolicy {
             mode,
             workspace_root: root.to_path_buf(),
+            network: false,
         }
     }
 
@@ -219,8 +339,9 @@ mod tests {
             timeout_ms: Some(10_000),
             output_limit: None,
             policy: None,
+            cancel_fd: None,
         };
-        let mut r = run(&req, confinement).unwrap();
+        let mut r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         flag_denial(&mut r, SandboxMode::ReadOnly);
         assert!(
             r.sandbox_denied && r.stderr.starts_with(&denial_marker(SandboxMode::ReadOnly)),
@@ -241,6 +362,7 @@ mod tests {
             stderr: stderr.into(),
             truncated: false,
             timed_out: false,
+            cancelled: false,
             sandbox_denied: false,
             mode: None,
         };

@@ -1,20 +1,27 @@
-//! Running one command: spawn (optionally confined), drain both pipes with a cap, wait with
-//! a timeout that kills the whole process group, and fold it all into an [`ExecResult`].
+//! Running one command: spawn it under its supervisor (optionally confined), drain both
+//! pipes with a cap, wait with a timeout or a cancellation that kills everything the
+//! command started, and fold it all into an [`ExecResult`].
 
+use std::ffi::CString;
 use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dsh_shell_api::{codes, ExecRequest, ExecResult, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_MS};
 
+use crate::child::{self, ChildPlan, Stage};
 use crate::confine::{ConfineError, Confinement};
+use crate::env::EnvPolicy;
 
-/// How long the pipes may stay open after the process group was killed before the readers
-/// are abandoned (a process that left the group could hold them forever).
+/// How long the supervisor may take to kill the command and exit after it was told to, and
+/// then how long the pipes may stay open, before the host kills the supervisor's group and
+/// abandons the readers.
 const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Why a command could not be run.
@@ -61,13 +68,58 @@ impl RunError {
     }
 }
 
-/// Runs `request` to completion or timeout. With `confinement`, the command is spawned from
-/// a fresh thread that first confines itself (and so everything it spawns); the calling
-/// thread is never confined. The result's `mode` and `sandbox_denied` are left for the
-/// backend to fill in.
+/// `bash` on the host's PATH (`/bin/bash` if none is found), resolved once: the command's
+/// own environment may have no PATH.
+fn bash() -> &'static Path {
+    static BASH: OnceLock<PathBuf> = OnceLock::new();
+    BASH.get_or_init(|| {
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .map(|dir| dir.join("bash"))
+            .find(|p| p.is_absolute() && p.is_file())
+            .unwrap_or_else(|| PathBuf::from("/bin/bash"))
+    })
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Whether the call's cancel descriptor says "cancelled" (readable or at end of file).
+/// An invalid descriptor is never cancelled.
+fn is_cancelled(fd: Option<RawFd>) -> bool {
+    let Some(fd) = fd else { return false };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+fn valid_fd(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1
+}
+
+/// Runs `request` to completion, timeout or cancellation, with the environment `env`
+/// builds from the host's. Every process the command starts is gone when this returns.
+/// With `confinement`, the command runs in its own namespaces under Landlock and seccomp
+/// (see [`crate::confine`]); no host thread is ever confined. The result's `mode` and
+/// `sandbox_denied` are left for the backend to fill in.
 pub fn run(
     request: &ExecRequest,
     confinement: Option<Confinement>,
+    env: &EnvPolicy,
 ) -> Result<ExecResult, RunError> {
     if !request.cwd.is_absolute() || !request.cwd.is_dir() {
         return Err(RunError::BadCwd {
@@ -76,76 +128,84 @@ pub fn run(
     }
     let timeout = Duration::from_millis(request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS));
     let limit = request.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+    let cancel = request.cancel_fd.filter(|fd| valid_fd(*fd));
+    if is_cancelled(cancel) {
+        return Ok(ExecResult {
+            cancelled: true,
+            ..ExecResult::default()
+        });
+    }
+    let spawn_err = |source| RunError::Spawn {
+        cwd: request.cwd.clone(),
+        source,
+    };
 
-    let mut cmd = Command::new("bash");
+    let mut cmd = Command::new(bash());
     cmd.arg("-c")
         .arg(&request.command)
         .current_dir(&request.cwd)
+        .env_clear()
+        .envs(env.apply(std::env::vars_os()))
         .envs(request.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: `isolate_child` only makes async-signal-safe system calls.
-    unsafe { cmd.pre_exec(isolate_child) };
-
-    let started = Instant::now();
-    let spawned = match confinement {
-        None => cmd.spawn(),
-        Some(confinement) => spawn_confined(cmd, confinement)?,
-    };
-    let child = spawned.map_err(|source| RunError::Spawn {
-        cwd: request.cwd.clone(),
-        source,
-    })?;
-    supervise(child, started + timeout, limit)
-}
-
-/// Spawns `cmd` from a fresh, dedicated thread that confines itself first. The thread ends
-/// right after the spawn; the confinement dies with it.
-fn spawn_confined(
-    mut cmd: Command,
-    confinement: Confinement,
-) -> Result<io::Result<Child>, RunError> {
-    let handle = std::thread::Builder::new()
-        .name("dsh-shell-confined-spawn".into())
-        .spawn(move || -> Result<io::Result<Child>, ConfineError> {
-            confinement.restrict_current_thread()?;
-            Ok(cmd.spawn())
-        })
-        .map_err(RunError::Thread)?;
-    match handle.join() {
-        Ok(outcome) => Ok(outcome?),
-        Err(_) => Err(RunError::Sandbox(ConfineError::SpawnThreadPanicked)),
-    }
-}
-
-/// Runs in the child between fork and exec: a new session (and process group) so the whole
-/// tree can be killed at once, and every descriptor above 2 marked close-on-exec so nothing
-/// of the host leaks into the command. Only async-signal-safe calls.
-fn isolate_child() -> io::Result<()> {
-    // SAFETY: plain system calls without memory arguments.
-    unsafe {
-        if libc::setsid() == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        if libc::close_range(
-            3,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC as libc::c_int,
-        ) == -1
-        {
-            // Kernels before 5.11: mark each possible descriptor.
-            let max = libc::sysconf(libc::_SC_OPEN_MAX);
-            let max = if max < 0 { 1024 } else { max as libc::c_int };
-            for fd in 3..max {
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
-                    libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+    let (control_rd, control_wr) = pipe().map_err(spawn_err)?;
+    let (report_rd, report_wr) = pipe().map_err(spawn_err)?;
+    let sandbox = match confinement {
+        None => None,
+        Some(Confinement { mut spec }) => {
+            spec.cwd = CString::new(request.cwd.as_os_str().as_bytes()).map_err(|_| {
+                ConfineError::BadPath {
+                    path: request.cwd.clone(),
                 }
-            }
+            })?;
+            Some(spec)
         }
+    };
+    let plan = ChildPlan {
+        control: control_rd.as_raw_fd(),
+        cancel,
+        report: report_wr.as_raw_fd(),
+        sandbox,
+    };
+    // SAFETY: `supervise` only makes async-signal-safe system calls on data built before
+    // the fork; the descriptors it names stay open until `spawn` returns.
+    unsafe { cmd.pre_exec(move || child::supervise(&plan)) };
+    let started = Instant::now();
+    let spawned = cmd.spawn();
+    // The plan (with the Landlock ruleset) and the child's pipe ends are not the host's.
+    drop(cmd);
+    drop(control_rd);
+    drop(report_wr);
+    let mut child = spawned.map_err(spawn_err)?;
+    if let Some((stage, errno)) = read_report(report_rd) {
+        let _ = child.wait();
+        return Err(match stage {
+            Some(stage) => RunError::Sandbox(ConfineError::Setup {
+                stage,
+                source: io::Error::from_raw_os_error(errno),
+            }),
+            None => spawn_err(io::Error::from_raw_os_error(errno)),
+        });
     }
-    Ok(())
+    let mut result = supervise(child, control_wr, started + timeout, limit)?;
+    result.cancelled = !result.timed_out && is_cancelled(cancel);
+    Ok(result)
+}
+
+/// Reads the report pipe to its end (the shell's `exec` closes it): a setup failure's
+/// stage and errno, if one was written.
+fn read_report(fd: OwnedFd) -> Option<(Option<Stage>, i32)> {
+    let mut file = std::fs::File::from(fd);
+    let mut record = Vec::with_capacity(8);
+    let _ = file.read_to_end(&mut record);
+    if record.len() < 8 {
+        return None;
+    }
+    let stage = u32::from_ne_bytes(record[..4].try_into().expect("4 bytes"));
+    let errno = i32::from_ne_bytes(record[4..8].try_into().expect("4 bytes"));
+    Some((Stage::from_u32(stage), errno))
 }
 
 /// One stream's capture: the first `limit` bytes and how many came in total.
@@ -181,16 +241,25 @@ fn drain(mut pipe: impl Read, limit: u64, capture: Arc<Mutex<Capture>>, done: Se
 }
 
 fn kill_group(pgid: u32) {
-    // SAFETY: a plain system call. The group id is the child's pid (it called setsid), and
-    // it cannot be reused while any member of the group is alive.
+    // SAFETY: plain system calls. The group id is the supervisor's pid (it called setsid),
+    // and it cannot be reused while the supervisor is unreaped.
     unsafe {
         libc::kill(-(pgid as libc::pid_t), libc::SIGKILL);
+        libc::kill(pgid as libc::pid_t, libc::SIGKILL);
     }
 }
 
-/// Waits for the leader and both pipes until `deadline`; then kills the process group.
-fn supervise(mut child: Child, deadline: Instant, limit: u64) -> Result<ExecResult, RunError> {
+/// Waits for the supervisor and both pipes until `deadline`; then closes the control pipe
+/// (the supervisor kills everything and exits), and if that does not end it within
+/// [`KILL_GRACE`], kills the supervisor's process group.
+fn supervise(
+    mut child: Child,
+    control: OwnedFd,
+    deadline: Instant,
+    limit: u64,
+) -> Result<ExecResult, RunError> {
     let pgid = child.id();
+    let mut control = Some(control);
     let (tx, rx) = mpsc::channel();
     let out = Arc::new(Mutex::new(Capture::default()));
     let err = Arc::new(Mutex::new(Capture::default()));
@@ -232,6 +301,7 @@ fn supervise(mut child: Child, deadline: Instant, limit: u64) -> Result<ExecResu
 
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
+    let mut forced = false;
     let mut until = deadline;
     while pending > 0 {
         let now = Instant::now();
@@ -241,8 +311,13 @@ fn supervise(mut child: Child, deadline: Instant, limit: u64) -> Result<ExecResu
                 pending -= 1;
                 status = s.ok();
             }
-            Err(RecvTimeoutError::Timeout) if !timed_out => {
+            Err(RecvTimeoutError::Timeout) if control.is_some() => {
                 timed_out = true;
+                control = None;
+                until = Instant::now() + KILL_GRACE;
+            }
+            Err(RecvTimeoutError::Timeout) if !forced => {
+                forced = true;
                 kill_group(pgid);
                 until = Instant::now() + KILL_GRACE;
             }
@@ -272,6 +347,7 @@ fn supervise(mut child: Child, deadline: Instant, limit: u64) -> Result<ExecResu
         stderr,
         truncated,
         timed_out,
+        cancelled: false,
         sandbox_denied: false,
         mode: None,
     })
@@ -289,6 +365,7 @@ mod tests {
             timeout_ms: Some(10_000),
             output_limit: None,
             policy: None,
+            cancel_fd: None,
         }
     }
 
@@ -299,6 +376,7 @@ mod tests {
         let r = run(
             &request("pwd; echo $DSH_TEST_VAR; cat; echo err >&2; exit 3", &cwd),
             None,
+            &EnvPolicy::default(),
         )
         .unwrap();
         assert_eq!(r.stdout, format!("{}\nfrom-env\n", cwd.display()));
@@ -306,9 +384,14 @@ mod tests {
             (r.stderr.as_str(), r.exit_code, r.signal),
             ("err\n", Some(3), None)
         );
-        let r = run(&request("kill -TERM $$", &cwd), None).unwrap();
+        let r = run(&request("kill -TERM $$", &cwd), None, &EnvPolicy::default()).unwrap();
         assert_eq!((r.exit_code, r.signal), (None, Some(libc::SIGTERM)));
-        let err = run(&request("true", std::path::Path::new("relative")), None).unwrap_err();
+        let err = run(
+            &request("true", std::path::Path::new("relative")),
+            None,
+            &EnvPolicy::default(),
+        )
+        .unwrap_err();
         assert!(matches!(err, RunError::BadCwd { .. }), "{err}");
     }
 
@@ -321,6 +404,7 @@ mod tests {
         let r = run(
             &request("ls /proc/self/fd", std::path::Path::new("/")),
             None,
+            &EnvPolicy::default(),
         )
         .unwrap();
         // SAFETY: closing the descriptor opened above.
@@ -337,7 +421,7 @@ mod tests {
             std::path::Path::new("/"),
         );
         req.output_limit = Some(1000);
-        let r = run(&req, None).unwrap();
+        let r = run(&req, None, &EnvPolicy::default()).unwrap();
         assert!(
             r.truncated && !r.timed_out && r.exit_code == Some(0),
             "{r:?}"
@@ -359,7 +443,7 @@ mod tests {
         );
         req.timeout_ms = Some(300);
         let started = Instant::now();
-        let r = run(&req, None).unwrap();
+        let r = run(&req, None, &EnvPolicy::default()).unwrap();
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{:?}",

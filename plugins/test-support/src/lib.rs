@@ -464,6 +464,7 @@ impl Started {
         let call = CallContext {
             session: self.session.clone(),
             call_id: format!("cordis-test-{n}"),
+            cancel_fd: None,
         };
         self.registry
             .call_tool(name, &call, &args)

@@ -70,9 +70,13 @@ impl BashTool {
                 timeout_ms: Some(timeout_ms),
                 output_limit: None,
                 policy: Some(policy),
+                cancel_fd: call.cancel_fd,
             })
             .map_err(backend_error)?;
-        let failed = result.exit_code != Some(0) || result.signal.is_some() || result.timed_out;
+        let failed = result.exit_code != Some(0)
+            || result.signal.is_some()
+            || result.timed_out
+            || result.cancelled;
         if result.sandbox_denied {
             let mode = result.mode.unwrap_or(mode);
             // The backend flags its stderr with the marker; the answer leads with it once.
@@ -128,8 +132,14 @@ fn render(result: &ExecResult, timeout_ms: u64) -> String {
     let mut notes: Vec<String> = Vec::new();
     if result.timed_out {
         notes.push(format!(
-            "[timed out after {timeout_ms} ms; the command and its children were killed]"
+            "[timed out after {timeout_ms} ms; the command and every process it started were killed]"
         ));
+    }
+    if result.cancelled {
+        notes.push(
+            "[the call was cancelled; the command and every process it started were killed]"
+                .to_string(),
+        );
     }
     match (result.exit_code, result.signal) {
         (Some(code), _) => notes.push(format!("[exit code {code}]")),

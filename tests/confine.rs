@@ -1,0 +1,631 @@
+//! The confined shell against a hostile command: each test is one escape class from the
+//! confinement issue, run through the real `dsh-bash-sandbox` (and `dsh-bash-local` where
+//! it applies) loaded as cdylibs through the real host, under the real kernel, in
+//! `workspace-write` and `read-only`. Each asserts the attack's effect is absent, and a
+//! control shows the same action works where it is allowed, so none can pass because the
+//! command simply failed to run.
+
+use std::io::Read;
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cordis_e2e::{eventually, unique, Outside, Scratch, Started};
+use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
+use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient};
+
+use SandboxMode::{ReadOnly as Ro, WorkspaceWrite as Ww};
+
+/// A workspace and an outside directory (outside every writable root) with `victim.txt`.
+struct Layout {
+    _scratch: Scratch,
+    ws: PathBuf,
+    outside: Outside,
+}
+
+impl Layout {
+    fn new() -> Self {
+        let outside = Outside::new("confine");
+        let ws = outside.dir.join("ws");
+        std::fs::create_dir_all(&ws).expect("create the workspace");
+        let ws = ws.canonicalize().expect("canonical workspace");
+        std::fs::write(outside.dir.join("victim.txt"), "original\n").expect("seed victim");
+        std::fs::write(ws.join("inner.txt"), "inside\n").expect("seed inner");
+        Layout {
+            _scratch: Scratch::new(),
+            ws,
+            outside,
+        }
+    }
+
+    fn victim(&self) -> PathBuf {
+        self.outside.dir.join("victim.txt")
+    }
+
+    fn policy(&self, mode: SandboxMode, network: bool) -> SandboxExecutionPolicy {
+        SandboxExecutionPolicy {
+            mode,
+            workspace_root: self.ws.clone(),
+            network,
+        }
+    }
+
+    /// `dsh-sandbox-policy` + `dsh-bash-sandbox` (with `shell_config` as its config).
+    fn sandboxed(&self, scratch: &Scratch, shell_config: &str) -> Started {
+        scratch.manifest(&format!(
+            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n- name: dsh-bash-sandbox\n{shell_config}",
+            self.ws.display()
+        ));
+        scratch.start()
+    }
+}
+
+fn request(command: &str, cwd: &Path, policy: Option<SandboxExecutionPolicy>) -> ExecRequest {
+    ExecRequest {
+        command: command.to_string(),
+        cwd: cwd.to_path_buf(),
+        env: Vec::new(),
+        timeout_ms: Some(20_000),
+        output_limit: None,
+        policy,
+        cancel_fd: None,
+    }
+}
+
+fn exec(shell: &ShellClient, request: ExecRequest) -> ExecResult {
+    let what = request.command.clone();
+    shell
+        .exec(request)
+        .unwrap_or_else(|e| panic!("`{what}` could not run: {e}"))
+}
+
+fn run_in(shell: &ShellClient, layout: &Layout, mode: SandboxMode, command: &str) -> ExecResult {
+    exec(
+        shell,
+        request(command, &layout.ws, Some(layout.policy(mode, false))),
+    )
+}
+
+fn shell_of(started: &Started) -> ShellClient {
+    started.service("shell")
+}
+
+/// The metadata that setattr, utime and xattr calls would change.
+fn attributes(path: &Path) -> (u32, i64, Option<Vec<u8>>) {
+    let meta = std::fs::metadata(path).expect("stat");
+    (
+        meta.permissions().mode(),
+        meta.mtime(),
+        xattr(path, "user.cordis"),
+    )
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL");
+    let name = std::ffi::CString::new(name).expect("no NUL");
+    let mut buf = [0u8; 256];
+    // SAFETY: valid C strings and a buffer of the size passed.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+/// `chmod`, `touch -d` and `setxattr` (through Python's `os.setxattr`, no extra tools).
+fn setattr_script(path: &Path) -> String {
+    let p = path.display();
+    format!(
+        "python3 -c \"import os; os.setxattr('{p}', 'user.cordis', b'x')\"; touch -d 2001-02-03 '{p}'; chmod 0 '{p}'; exit 0"
+    )
+}
+
+#[test]
+fn setattr_utime_and_xattr_outside_the_roots_are_refused() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let started = layout.sandboxed(&scratch, "");
+    let shell = shell_of(&started);
+    for mode in [Ww, Ro] {
+        let victim = layout.victim();
+        let before = attributes(&victim);
+        let r = run_in(&shell, &layout, mode, &setattr_script(&victim));
+        assert_eq!(attributes(&victim), before, "{mode}: {r:#?}");
+        assert!(
+            r.stderr.contains("Read-only file system"),
+            "{mode}: the refusal is shown: {r:#?}"
+        );
+    }
+    // The control: the same script on a file inside the workspace goes through.
+    let inner = layout.ws.join("inner.txt");
+    let r = run_in(&shell, &layout, Ww, &setattr_script(&inner));
+    let (mode, mtime, attr) = attributes(&inner);
+    assert_eq!(
+        (mode & 0o777, attr.as_deref()),
+        (0, Some(&b"x"[..])),
+        "{r:#?}"
+    );
+    assert!(mtime < 1_000_000_000, "touch -d changed mtime: {mtime}");
+}
+
+#[test]
+fn device_nodes_cannot_be_made_even_in_the_workspace() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let started = layout.sandboxed(&scratch, "");
+    let shell = shell_of(&started);
+    let r = run_in(
+        &shell,
+        &layout,
+        Ww,
+        "mknod blk b 7 0; mknod chr c 1 3; mkfifo fifo; ls",
+    );
+    assert!(!layout.ws.join("blk").exists(), "{r:#?}");
+    assert!(!layout.ws.join("chr").exists(), "{r:#?}");
+    // The control: a FIFO (no device) is an ordinary write in the workspace.
+    assert!(layout.ws.join("fifo").exists(), "{r:#?}");
+    assert!(r.stderr.contains("mknod"), "{r:#?}");
+}
+
+/// Whether `pid` is running (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+#[test]
+fn signals_reach_no_process_outside_the_sandbox() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let started = layout.sandboxed(&scratch, "");
+    let shell = shell_of(&started);
+    let mut bystander = cordis_e2e::KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("spawn a bystander"),
+    );
+    let victim = bystander.0.id();
+    let server = std::process::id();
+    for mode in [Ww, Ro] {
+        let r = run_in(
+            &shell,
+            &layout,
+            mode,
+            &format!("kill -9 {victim}; kill -9 {server}; kill -TERM -1; echo done"),
+        );
+        assert!(alive(victim), "{mode}: the bystander was killed: {r:#?}");
+        assert!(r.stdout.contains("done"), "{mode}: {r:#?}");
+    }
+    assert!(
+        bystander.0.try_wait().expect("try_wait").is_none(),
+        "bystander ended"
+    );
+    // The control: inside the sandbox, a command signals its own children.
+    let r = run_in(
+        &shell,
+        &layout,
+        Ww,
+        "sleep 600 & kill -9 $!; wait $!; echo status=$?",
+    );
+    assert!(r.stdout.contains("status=137"), "{r:#?}");
+}
+
+/// A TCP and a UDP listener on the host's loopback and a unix socket outside the roots.
+struct Listeners {
+    tcp: TcpListener,
+    udp: UdpSocket,
+    unix: UnixListener,
+    unix_path: PathBuf,
+}
+
+impl Listeners {
+    fn new(dir: &Path) -> Self {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+        tcp.set_nonblocking(true).expect("nonblocking");
+        let udp = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+        udp.set_nonblocking(true).expect("nonblocking");
+        let unix_path = dir.join(format!("s-{}.sock", unique()));
+        let unix = UnixListener::bind(&unix_path).expect("bind unix");
+        unix.set_nonblocking(true).expect("nonblocking");
+        Listeners {
+            tcp,
+            udp,
+            unix,
+            unix_path,
+        }
+    }
+
+    fn script(&self) -> String {
+        let tcp = self.tcp.local_addr().expect("addr").port();
+        let udp = self.udp.local_addr().expect("addr").port();
+        format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{tcp} && echo tcp-connected; \
+             echo datagram > /dev/udp/127.0.0.1/{udp}; \
+             python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{}'); print('unix-connected')\"; \
+             exit 0",
+            self.unix_path.display()
+        )
+    }
+
+    /// What reached the listeners (everything a command sent has arrived by the time it
+    /// returns: loopback delivery happens inside the sending call).
+    fn reached(&self) -> Vec<&'static str> {
+        let mut got = Vec::new();
+        if self.tcp.accept().is_ok() {
+            got.push("tcp");
+        }
+        let mut buf = [0u8; 64];
+        if self.udp.recv(&mut buf).is_ok() {
+            got.push("udp");
+        }
+        if self.unix.accept().is_ok() {
+            got.push("unix");
+        }
+        got
+    }
+}
+
+#[test]
+fn network_is_off_in_the_confined_modes() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let started = layout.sandboxed(&scratch, "");
+    let shell = shell_of(&started);
+    let listeners = Listeners::new(&layout.outside.dir);
+    for mode in [Ww, Ro] {
+        let r = run_in(&shell, &layout, mode, &listeners.script());
+        assert_eq!(listeners.reached(), Vec::<&str>::new(), "{mode}: {r:#?}");
+        assert!(!r.stdout.contains("connected"), "{mode}: {r:#?}");
+        assert!(
+            r.stderr.contains("Connection refused"),
+            "{mode}: the namespace's own loopback answers: {r:#?}"
+        );
+        assert!(
+            r.stderr.contains("PermissionError"),
+            "{mode}: unix sockets are refused: {r:#?}"
+        );
+    }
+}
+
+#[test]
+fn network_true_lets_a_confined_command_connect() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let started = layout.sandboxed(&scratch, "");
+    let shell = shell_of(&started);
+    let listeners = Listeners::new(&layout.outside.dir);
+    let r = exec(
+        &shell,
+        request(
+            &listeners.script(),
+            &layout.ws,
+            Some(layout.policy(Ww, true)),
+        ),
+    );
+    assert_eq!(
+        listeners.reached(),
+        ["tcp", "udp", "unix"],
+        "with network on, everything connects: {r:#?}"
+    );
+    // Still confined: writes outside the roots are refused.
+    let r = exec(
+        &shell,
+        request(
+            &format!("echo evil > '{}'", layout.victim().display()),
+            &layout.ws,
+            Some(layout.policy(Ww, true)),
+        ),
+    );
+    assert!(r.sandbox_denied, "{r:#?}");
+}
+
+/// Runs `cordis call bash` with secrets in its environment; returns the command's output.
+fn env_seen_by(scratch: &Scratch, layout: &Layout, manifest: &str) -> String {
+    let path = scratch.manifest(manifest);
+    let args = r#"{"command": "env | sort"}"#;
+    let out = scratch
+        .cordis(&["call", "-c", path.to_str().expect("UTF-8"), "bash", args])
+        .current_dir(&layout.ws)
+        .env("OPENAI_API_KEY", "sk-cordis-test")
+        .env("GITHUB_TOKEN", "ghp-cordis-test")
+        .env("AWS_SECRET_ACCESS_KEY", "aws-cordis-test")
+        .env("Db_Password", "pw-cordis-test")
+        .env("MY_CREDENTIALS", "cred-cordis-test")
+        .env("CORDIS_PLAIN", "plain-value")
+        .output()
+        .expect("run cordis call");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn commands_get_a_scrubbed_environment_in_both_families() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let policy = format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n",
+        layout.ws.display()
+    );
+    for shell in ["dsh-bash-sandbox", "dsh-bash-local"] {
+        let seen = env_seen_by(
+            &scratch,
+            &layout,
+            &format!("{policy}- name: {shell}\n- name: dsh-tool-bash\n"),
+        );
+        for secret in ["sk-", "ghp-", "aws-", "pw-", "cred-"] {
+            assert!(
+                !seen.contains(&format!("{secret}cordis-test")),
+                "{shell}: a secret reached the command:\n{seen}"
+            );
+        }
+        assert!(
+            seen.contains("CORDIS_PLAIN=plain-value"),
+            "{shell}:\n{seen}"
+        );
+        assert!(seen.contains("PATH="), "{shell}:\n{seen}");
+
+        let seen = env_seen_by(
+            &scratch,
+            &layout,
+            &format!(
+                "{policy}- name: {shell}\n  config:\n    environment:\n      includeOnly: [PATH, 'cordis_pl*']\n      set: {{EXTRA: added}}\n- name: dsh-tool-bash\n"
+            ),
+        );
+        let names: Vec<&str> = seen
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .filter(|k| !["PWD", "SHLVL", "_"].contains(k))
+            .collect();
+        assert_eq!(names, ["CORDIS_PLAIN", "EXTRA", "PATH"], "{shell}:\n{seen}");
+
+        let seen = env_seen_by(
+            &scratch,
+            &layout,
+            &format!(
+                "{policy}- name: {shell}\n  config:\n    environment: {{ignoreDefaultExcludes: true, exclude: ['aws_*']}}\n- name: dsh-tool-bash\n"
+            ),
+        );
+        assert!(
+            seen.contains("OPENAI_API_KEY=sk-cordis-test"),
+            "{shell}:\n{seen}"
+        );
+        assert!(!seen.contains("aws-cordis-test"), "{shell}:\n{seen}");
+    }
+}
+
+/// Processes whose command line contains `token`: (pid, command line).
+fn processes_with(token: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(mut file) = std::fs::File::open(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let mut raw = Vec::new();
+        if file.read_to_end(&mut raw).is_err() {
+            continue;
+        }
+        let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if line.contains(token) && alive(pid) {
+            found.push((pid, line));
+        }
+    }
+    found
+}
+
+/// A `sleep` argument unique to this call: `1357.<digits>` (sleep takes fractions).
+fn sleep_token() -> String {
+    format!("1357.{}", unique().replace('-', "0"))
+}
+
+/// Background children of every kind: `setsid`, double-forked, plain `&`, and `nohup`.
+fn leaving_children(token: &str) -> String {
+    format!(
+        "setsid sleep {token} & (sleep {token} &) ; sleep {token} & nohup sleep {token} >/dev/null 2>&1 & echo started"
+    )
+}
+
+fn assert_none_left(token: &str, what: &str) {
+    let left = processes_with(token);
+    assert!(left.is_empty(), "{what}: these outlived the call: {left:?}");
+}
+
+#[test]
+fn nothing_a_command_starts_outlives_its_call() {
+    let layout = Layout::new();
+    for backend in ["dsh-bash-sandbox", "dsh-bash-local"] {
+        let scratch = Scratch::new();
+        let started = if backend == "dsh-bash-sandbox" {
+            layout.sandboxed(&scratch, "")
+        } else {
+            scratch.manifest("- name: dsh-bash-local\n");
+            scratch.start()
+        };
+        let shell = shell_of(&started);
+        let policy = Some(layout.policy(Ww, false));
+
+        // A normal return.
+        let token = sleep_token();
+        let t = Instant::now();
+        let r = exec(
+            &shell,
+            request(&leaving_children(&token), &layout.ws, policy.clone()),
+        );
+        assert_eq!(
+            (r.exit_code, r.stdout.trim()),
+            (Some(0), "started"),
+            "{r:#?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert_none_left(&token, &format!("{backend}, normal return"));
+
+        // A timeout.
+        let token = sleep_token();
+        let mut req = request(
+            &format!("{}; sleep {token}", leaving_children(&token)),
+            &layout.ws,
+            policy.clone(),
+        );
+        req.timeout_ms = Some(500);
+        let r = exec(&shell, req);
+        assert!(r.timed_out && r.signal == Some(9), "{r:#?}");
+        assert_none_left(&token, &format!("{backend}, timeout"));
+    }
+}
+
+#[test]
+fn a_cancelled_command_is_killed_within_a_second() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let started = layout.sandboxed(&scratch, "");
+    let shell = shell_of(&started);
+    let mut fds = [-1; 2];
+    // SAFETY: a valid array for the kernel to fill.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (cancel_rd, cancel_wr) = (fds[0], fds[1]);
+    let token = sleep_token();
+    let mut req = request(
+        &format!("{}; sleep {token}", leaving_children(&token)),
+        &layout.ws,
+        Some(layout.policy(Ww, false)),
+    );
+    req.cancel_fd = Some(cancel_rd);
+    let running = std::thread::spawn(move || exec(&shell, req));
+    eventually("the command started", Duration::from_secs(20), || {
+        let n = processes_with(&token).len();
+        if n >= 5 {
+            Ok(())
+        } else {
+            Err(format!("{n} sleeps"))
+        }
+    });
+    let cancelled = Instant::now();
+    // SAFETY: closing the write end this test owns: the call is cancelled.
+    unsafe { libc::close(cancel_wr) };
+    let r = running.join().expect("the call thread");
+    let took = cancelled.elapsed();
+    assert!(took < Duration::from_secs(1), "cancellation took {took:?}");
+    assert!(r.cancelled && !r.timed_out, "{r:#?}");
+    assert_none_left(&token, "cancelled");
+    // SAFETY: the read end is this test's.
+    unsafe { libc::close(cancel_rd) };
+}
+
+/// A seccomp filter installed in the `cordis` process (before exec) under which the kernel
+/// answers `unshare` with `EPERM`: a machine whose user namespaces are disabled, as the
+/// sysctl or AppArmor would make it.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7;
+
+fn without_unshare(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump_eq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    let filter: &'static [libc::sock_filter] = Box::leak(Box::new([
+        stmt(load, 4),
+        jump_eq(AUDIT_ARCH, 1, 0),
+        stmt(ret, libc::SECCOMP_RET_KILL_PROCESS),
+        stmt(load, 0),
+        jump_eq(libc::SYS_unshare as u32, 0, 1),
+        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(ret, libc::SECCOMP_RET_ALLOW),
+    ]));
+    let addr = filter.as_ptr() as usize;
+    let len = filter.len() as u16;
+    // SAFETY: the hook makes only system calls, on a program leaked for the test's life.
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len,
+                filter: addr as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+}
+
+#[test]
+fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
+    let scratch = Scratch::new();
+    let layout = Layout::new();
+    let manifest = scratch.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n",
+        layout.ws.display()
+    ));
+    let marker = layout.ws.join("ran.txt");
+    let args = format!(r#"{{"command": "echo ran > '{}'"}}"#, marker.display());
+    let call = |broken: bool| {
+        let manifest = manifest.to_str().expect("UTF-8 path");
+        let mut cmd = scratch.cordis(&["call", "-c", manifest, "bash", &args]);
+        cmd.current_dir(&layout.ws);
+        if broken {
+            without_unshare(&mut cmd);
+        }
+        cmd.output().expect("spawn cordis call")
+    };
+    let out = call(true);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    for needle in [
+        "SHELL_SANDBOX_UNAVAILABLE",
+        "creating the user, mount, pid, ipc and network namespaces failed",
+        "Operation not permitted",
+        "unprivileged user namespaces",
+    ] {
+        assert!(said.contains(needle), "missing {needle:?} in:\n{said}");
+    }
+    assert!(!marker.exists(), "the command ran without its sandbox");
+    // The control: the same call without the filter runs, confined.
+    let out = call(false);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&marker).expect("ran"), "ran\n");
+}
