@@ -689,11 +689,12 @@ mod tests {
             matches!(err, SessionError::Corrupt { line: 2, .. }),
             "{err}"
         );
+        // An event first (the header after it): refused at the event, line 1, as out of place.
         let event = r#"{"type":"event","seq":1,"kind":"k","data":null}"#;
-        std::fs::write(&path, format!("{event}\n")).unwrap();
+        std::fs::write(&path, format!("{event}\n{header}")).unwrap();
         let err = SessionStore::new(state.path()).get(&info.id).unwrap_err();
         assert!(
-            matches!(err, SessionError::Corrupt { line: 1, .. }),
+            matches!(&err, SessionError::Corrupt { line: 1, detail, .. } if detail.contains("only the first")),
             "{err}"
         );
     }

@@ -261,7 +261,9 @@ fn socket_filter() -> Result<Vec<libc::sock_filter>, ConfineError> {
 }
 
 /// Directory rights beneath a directory; only the file rights on a file.
+/// Never device nodes: `MakeChar` and `MakeBlock` are handled and granted nowhere.
 fn rights_for(path: &Path, write: BitFlags<AccessFs>) -> BitFlags<AccessFs> {
+    let write = write & !(AccessFs::MakeChar | AccessFs::MakeBlock);
     if path.is_dir() {
         write
     } else {
@@ -351,6 +353,17 @@ mod tests {
         // This thread (and so the test process) still writes where the command could not.
         std::fs::write(outside.join("allowed.txt"), "host").unwrap();
         std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    #[test]
+    fn device_nodes_are_granted_nowhere() {
+        let write = AccessFs::from_write(PINNED_ABI);
+        for path in [Path::new("/"), Path::new(DEV_NULL)] {
+            let granted = rights_for(path, write);
+            assert!(!granted.contains(AccessFs::MakeChar), "{path:?}");
+            assert!(!granted.contains(AccessFs::MakeBlock), "{path:?}");
+        }
+        assert!(rights_for(Path::new("/"), write).contains(AccessFs::MakeFifo));
     }
 
     #[test]
