@@ -56,12 +56,14 @@ pub fn human(ns: f64) -> String {
 /// Prints `subject` against `baseline` as a ratio.
 pub fn print_ratio(label: &str, baseline: (&str, f64), subject: (&str, f64)) {
     println!(
-        "  {label:<32} {} {:>12}  {} {:>12}  ratio {:.3} ({:+.1}%)",
+        "  {label:<32} {} {:>12}  {} {:>12}  ratio {:.3} ({:+.1}%, {}{})",
         baseline.0,
         human(baseline.1),
         subject.0,
         human(subject.1),
         subject.1 / baseline.1,
-        (subject.1 / baseline.1 - 1.0) * 100.0
+        (subject.1 / baseline.1 - 1.0) * 100.0,
+        if subject.1 >= baseline.1 { "+" } else { "-" },
+        human((subject.1 - baseline.1).abs())
     );
 }

@@ -1,6 +1,9 @@
-//! Benchmark of what Landlock confinement costs a whole command: `true` and a small script
-//! through `dsh-bash-sandbox` (workspace-write) and through `dsh-bash-local`, both loaded as
-//! real cdylibs through the host. Prints the sandboxed/local ratio of the means at the end.
+//! Benchmark of what confinement costs a whole command: `true` and a small script through
+//! `dsh-bash-sandbox` (workspace-write: namespaces, mount view, Landlock, seccomp), through
+//! the same with network on (no network namespace: what the namespace itself costs), and
+//! through `dsh-bash-local` (the supervisor and the environment policy only), all loaded as
+//! real cdylibs through the host. Prints the sandboxed/local ratios and differences at the
+//! end, from criterion's estimates and from interleaved medians.
 //!
 //! Run with `cargo bench -p dsh-bash-sandbox --bench confine`.
 
@@ -34,6 +37,10 @@ fn main() {
         workspace_root: ws.clone(),
         network: false,
     };
+    let networked = SandboxExecutionPolicy {
+        network: true,
+        ..policy.clone()
+    };
 
     let mut criterion = Criterion::default()
         .sample_size(40)
@@ -41,7 +48,7 @@ fn main() {
         .measurement_time(std::time::Duration::from_secs(6))
         .configure_from_args();
     let cases = [("true", "true"), ("script", SCRIPT)];
-    let request = |command: &str| ExecRequest {
+    let request_with = |command: &str, policy: &SandboxExecutionPolicy| ExecRequest {
         command: command.to_string(),
         cwd: ws.clone(),
         env: Vec::new(),
@@ -50,6 +57,7 @@ fn main() {
         policy: Some(policy.clone()),
         cancel_fd: None,
     };
+    let request = |command: &str| request_with(command, &policy);
     for (group_name, command) in cases {
         let request = request(command);
         let mut group = criterion.benchmark_group(group_name);
@@ -79,19 +87,28 @@ fn main() {
             ),
             _ => println!("  {group_name}: no criterion estimates (group filtered out?)"),
         }
-        let request = request(command);
-        let run = |shell: &ShellClient| {
+        let run = |shell: &ShellClient, request: &ExecRequest| {
             let r = shell.exec(request.clone()).expect("the command runs");
             assert_eq!(r.exit_code, Some(0), "{r:?}");
         };
+        let (confined, with_network) = (request(command), request_with(command, &networked));
         let medians = interleaved_medians(
             INTERLEAVED_ROUNDS,
-            &mut [&mut || run(&local), &mut || run(&sandboxed)],
+            &mut [
+                &mut || run(&local, &confined),
+                &mut || run(&sandboxed, &confined),
+                &mut || run(&sandboxed, &with_network),
+            ],
         );
         print_ratio(
             &format!("{group_name} (interleaved median)"),
             ("local", medians[0]),
             ("sandboxed", medians[1]),
+        );
+        print_ratio(
+            &format!("{group_name}, network on"),
+            ("local", medians[0]),
+            ("sandboxed", medians[2]),
         );
     }
 }

@@ -182,6 +182,9 @@ pub(crate) struct ChildPlan {
     pub cancel: Option<RawFd>,
     /// Write end of the report pipe.
     pub report: RawFd,
+    /// Write end of the status pipe: the supervisor writes the command's wait status here
+    /// before it exits, so the host need not wait for the namespaces' teardown.
+    pub status: RawFd,
     /// `/proc/self/task/<tid>/children` is read by pid, built from the supervisor's own pid.
     pub sandbox: Option<SandboxSpec>,
 }
@@ -219,6 +222,7 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
         plan.report,
         plan.cancel.unwrap_or(-1),
         landlock,
+        plan.status,
     ]);
     libc::prctl(libc::PR_SET_NAME, c"dsh-supervisor".as_ptr(), 0, 0, 0);
     let supervisor = libc::getpid();
@@ -244,6 +248,7 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     check(report, Stage::Fork, child as _);
     if child == 0 {
         libc::close(plan.control);
+        libc::close(plan.status);
         if let Some(fd) = plan.cancel {
             libc::close(fd);
         }
@@ -270,6 +275,11 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     if status_pipe[1] >= 0 {
         libc::close(status_pipe[1]);
     }
+    // The supervisor writes nothing: the command's output pipes must close with the
+    // command's last process, not with this one.
+    for fd in 0..3 {
+        libc::close(fd);
+    }
     let mut status = wait_for(plan, child);
     if plan.sandbox.is_some() {
         let mut raw = [0u8; 4];
@@ -279,11 +289,15 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     } else {
         sweep(child);
     }
+    // Every process of the command is gone; the host may answer before this process has
+    // torn down its namespaces.
+    let raw = status.to_ne_bytes();
+    libc::write(plan.status, raw.as_ptr().cast(), raw.len());
     exit_like(status)
 }
 
 /// Closes every descriptor above 2 except `keep` (negative entries are ignored).
-unsafe fn close_all_but(keep: &[RawFd; 4]) {
+unsafe fn close_all_but(keep: &[RawFd; 5]) {
     let mut sorted = *keep;
     sorted.sort_unstable();
     let mut from: RawFd = 3;
@@ -731,6 +745,9 @@ unsafe fn init(spec: &SandboxSpec, report: RawFd, status_out: RawFd) -> std::io:
     }
     libc::close(report);
     libc::close(spec.landlock.as_raw_fd());
+    for fd in 0..3 {
+        libc::close(fd);
+    }
     loop {
         let mut status = 0;
         let r = libc::waitpid(-1, &mut status, 0);

@@ -356,6 +356,47 @@ mod tests {
     }
 
     #[test]
+    fn protected_paths_stay_read_only_inside_a_writable_root() {
+        let ws =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/shell-core-protect-test");
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(ws.join("guarded")).unwrap();
+        let ws = ws.canonicalize().unwrap();
+        std::fs::write(ws.join("cordis.yml"), "original\n").unwrap();
+        let protected = [ws.join("cordis.yml"), ws.join("guarded"), ws.join("absent")];
+        let confinement =
+            Confinement::prepare_protecting(&policy(SandboxMode::WorkspaceWrite, &ws), &protected)
+                .unwrap();
+        let req = ExecRequest {
+            command: "echo evil > cordis.yml; touch guarded/new; rm cordis.yml; echo ok > free.txt"
+                .into(),
+            cwd: ws.clone(),
+            env: vec![],
+            timeout_ms: Some(10_000),
+            output_limit: None,
+            policy: None,
+            cancel_fd: None,
+        };
+        let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ws.join("cordis.yml")).unwrap(),
+            "original\n",
+            "{r:?}"
+        );
+        assert!(!ws.join("guarded/new").exists(), "{r:?}");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("free.txt")).unwrap(),
+            "ok\n"
+        );
+        assert_eq!(
+            r.stderr.matches("Read-only file system").count(),
+            2,
+            "{r:?}"
+        );
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    #[test]
     fn device_nodes_are_granted_nowhere() {
         let write = AccessFs::from_write(PINNED_ABI);
         for path in [Path::new("/"), Path::new(DEV_NULL)] {

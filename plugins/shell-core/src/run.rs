@@ -152,6 +152,7 @@ pub fn run(
         .stderr(Stdio::piped());
     let (control_rd, control_wr) = pipe().map_err(spawn_err)?;
     let (report_rd, report_wr) = pipe().map_err(spawn_err)?;
+    let (status_rd, status_wr) = pipe().map_err(spawn_err)?;
     let sandbox = match confinement {
         None => None,
         Some(Confinement { mut spec }) => {
@@ -167,6 +168,7 @@ pub fn run(
         control: control_rd.as_raw_fd(),
         cancel,
         report: report_wr.as_raw_fd(),
+        status: status_wr.as_raw_fd(),
         sandbox,
     };
     // SAFETY: `supervise` only makes async-signal-safe system calls on data built before
@@ -178,6 +180,7 @@ pub fn run(
     drop(cmd);
     drop(control_rd);
     drop(report_wr);
+    drop(status_wr);
     let mut child = spawned.map_err(spawn_err)?;
     if let Some((stage, errno)) = read_report(report_rd) {
         let _ = child.wait();
@@ -189,7 +192,7 @@ pub fn run(
             None => spawn_err(io::Error::from_raw_os_error(errno)),
         });
     }
-    let mut result = supervise(child, control_wr, started + timeout, limit)?;
+    let mut result = supervise(child, control_wr, status_rd, started + timeout, limit)?;
     result.cancelled = !result.timed_out && is_cancelled(cancel);
     Ok(result)
 }
@@ -255,6 +258,7 @@ fn kill_group(pgid: u32) {
 fn supervise(
     mut child: Child,
     control: OwnedFd,
+    status: OwnedFd,
     deadline: Instant,
     limit: u64,
 ) -> Result<ExecResult, RunError> {
@@ -294,7 +298,17 @@ fn supervise(
     helper(
         "dsh-shell-wait",
         Box::new(move || {
-            let _ = t.send(Done::Exited(child.wait()));
+            // The supervisor's report of the command's status comes before its own exit
+            // (the teardown of its namespaces); without one, its own exit status.
+            let mut raw = [0u8; 4];
+            let mut status = std::fs::File::from(status);
+            if status.read_exact(&mut raw).is_ok() {
+                let reported = ExitStatus::from_raw(i32::from_ne_bytes(raw));
+                let _ = t.send(Done::Exited(Ok(reported)));
+                let _ = child.wait();
+            } else {
+                let _ = t.send(Done::Exited(child.wait()));
+            }
         }),
     )?;
     pending += 1;
