@@ -315,6 +315,18 @@ fn network_true_lets_a_confined_command_connect() {
         ["tcp", "udp", "unix"],
         "with network on, everything connects: {r:#?}"
     );
+    // The same switch in the policy's config, for calls that carry no policy of their own.
+    let configured = Scratch::new();
+    configured.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n    network: true\n- name: dsh-bash-sandbox\n",
+        layout.ws.display()
+    ));
+    let configured_started = configured.start();
+    let r = exec(
+        &shell_of(&configured_started),
+        request(&listeners.script(), &layout.ws, None),
+    );
+    assert_eq!(listeners.reached(), ["tcp", "udp", "unix"], "{r:#?}");
     // Still confined: writes outside the roots are refused.
     let r = exec(
         &shell,
