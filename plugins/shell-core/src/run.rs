@@ -193,7 +193,10 @@ pub fn run(
         });
     }
     let mut result = supervise(child, control_wr, status_rd, started + timeout, limit)?;
-    result.cancelled = !result.timed_out && is_cancelled(cancel);
+    // Cancelled only if it was cut short: a command that finished as the cancellation came
+    // in reports how it finished.
+    result.cancelled =
+        !result.timed_out && result.signal == Some(libc::SIGKILL) && is_cancelled(cancel);
     Ok(result)
 }
 
@@ -426,6 +429,23 @@ mod tests {
         let fds: Vec<&str> = r.stdout.lines().collect();
         // 0, 1, 2 and the directory `ls` opens to list.
         assert_eq!(fds, ["0", "1", "2", "3"], "{r:?}");
+    }
+
+    #[test]
+    fn a_call_cancelled_before_it_starts_runs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (rd, wr) = pipe().unwrap();
+        drop(wr);
+        let mut req = request("touch ran", dir.path());
+        req.cancel_fd = Some(rd.as_raw_fd());
+        let r = run(&req, None, &EnvPolicy::default()).unwrap();
+        assert!(r.cancelled && r.exit_code.is_none(), "{r:?}");
+        assert!(!dir.path().join("ran").exists());
+        // A descriptor that is not open is no cancellation: the command runs.
+        req.cancel_fd = Some(-1);
+        let r = run(&req, None, &EnvPolicy::default()).unwrap();
+        assert!(!r.cancelled && r.exit_code == Some(0), "{r:?}");
+        assert!(dir.path().join("ran").exists());
     }
 
     #[test]
