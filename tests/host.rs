@@ -130,6 +130,7 @@ fn library_problems() {
         "entry `fake`",
         "libfake.so",
         "cordis.yml:1:3",
+        "help: point the entry at a cdylib built with cordis-sdk's `export_plugin!`",
     ]);
     let real = cordis_e2e::library("cordis-example");
     s.manifest(&format!(
