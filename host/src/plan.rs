@@ -550,3 +550,19 @@ fn find_cycle(start: usize, deps: &[Vec<usize>], placed: &[bool]) -> Vec<usize> 
         cur = next;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_keys_are_the_top_level_properties() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"mode": {"type": "string"}, "network": {"type": "boolean"}},
+        });
+        assert_eq!(schema_keys(&schema), ["mode", "network"]);
+        assert!(schema_keys(&serde_json::json!({"type": "object"})).is_empty());
+        assert!(schema_keys(&serde_json::json!({"properties": 3})).is_empty());
+    }
+}
