@@ -52,6 +52,16 @@ fn missing_required_service_names_consumer_service_line_and_a_provider() {
             "add an entry `- name: cordis-example`",
         ],
     );
+    // The provider named is the one that provides the service, not the first library found.
+    check(
+        &["check"],
+        "- name: dsh-bash-sandbox\n",
+        1,
+        &[
+            "entry `dsh-bash-sandbox` requires service `sandboxPolicy`",
+            "add an entry `- name: dsh-sandbox-policy` to cordis.yml; plugin `dsh-sandbox-policy` provides `sandboxPolicy`",
+        ],
+    );
 }
 
 #[test]
@@ -92,6 +102,16 @@ fn dependency_cycle_is_printed() {
         &[
             "error[dependency-cycle]",
             "`fixture-cycle-a` (line 1) → `fixture-cycle-b` (line 2) → `fixture-cycle-a` (line 1)",
+        ],
+    );
+    // An entry placed before the cycle is not part of it.
+    check(
+        &["check"],
+        "- name: cordis-example\n- name: fixture-cycle-a\n- name: fixture-cycle-b\n",
+        1,
+        &[
+            "error[dependency-cycle]",
+            "dependency cycle: `fixture-cycle-a` (line 2) → `fixture-cycle-b` (line 3) → `fixture-cycle-a` (line 2)",
         ],
     );
 }
