@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from conftest import CONFINED, Workspace, required_env, show, text
 
 _counter = 0
@@ -136,13 +137,14 @@ async def test_a_client_that_goes_away_takes_its_commands_with_it(ws: Workspace)
     assert code == 0, code
 
 
-async def test_sigterm_to_the_server_kills_running_commands_and_it_exits(ws: Workspace) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_stopped_server_kills_running_commands_and_exits(ws: Workspace, signum: signal.Signals) -> None:
     ws.manifest(CONFINED)
     token = sleep_token()
     server = await RawServer.start(ws)
     await server.start_bash(leaving_children(token))
     await started(token)
-    server.proc.send_signal(signal.SIGTERM)
-    await eventually("every process gone after SIGTERM", 2.0, lambda: not processes_with(token))
+    server.proc.send_signal(signum)
+    await eventually(f"every process gone after {signum.name}", 2.0, lambda: not processes_with(token))
     code = await server.exited_within(2.0)
     assert code == 0, code
