@@ -539,63 +539,6 @@ fn a_cancelled_command_is_killed_within_a_second() {
     unsafe { libc::close(cancel_rd) };
 }
 
-/// A seccomp filter installed in the `cordis` process (before exec) under which the kernel
-/// answers `unshare` with `EPERM`: a machine whose user namespaces are disabled, as the
-/// sysctl or AppArmor would make it.
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xC000_003E;
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xC000_00B7;
-
-fn without_unshare(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    let stmt = |code: u32, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
-    let jump_eq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
-        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-        jt,
-        jf,
-        k,
-    };
-    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
-    let ret = libc::BPF_RET | libc::BPF_K;
-    let filter: &'static [libc::sock_filter] = Box::leak(Box::new([
-        stmt(load, 4),
-        jump_eq(AUDIT_ARCH, 1, 0),
-        stmt(ret, libc::SECCOMP_RET_KILL_PROCESS),
-        stmt(load, 0),
-        jump_eq(libc::SYS_unshare as u32, 0, 1),
-        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
-        stmt(ret, libc::SECCOMP_RET_ALLOW),
-    ]));
-    let addr = filter.as_ptr() as usize;
-    let len = filter.len() as u16;
-    // SAFETY: the hook makes only system calls, on a program leaked for the test's life.
-    unsafe {
-        cmd.pre_exec(move || {
-            let prog = libc::sock_fprog {
-                len,
-                filter: addr as *mut libc::sock_filter,
-            };
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    0,
-                    &prog as *const libc::sock_fprog,
-                ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    };
-}
-
 #[test]
 fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
     let scratch = Scratch::new();
@@ -611,7 +554,8 @@ fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
         let mut cmd = scratch.cordis(&["call", "-c", manifest, "bash", &args]);
         cmd.current_dir(&layout.ws);
         if broken {
-            without_unshare(&mut cmd);
+            // The kernel answers `unshare` with EPERM, as with user namespaces disabled.
+            cordis_e2e::refuse_syscall(&mut cmd, libc::SYS_unshare, libc::EPERM);
         }
         cmd.output().expect("spawn cordis call")
     };

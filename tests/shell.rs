@@ -755,88 +755,6 @@ fn confined_commands_run_with_no_new_privs() {
     );
 }
 
-/// A seccomp filter, installed in a child between fork and exec, under which the kernel
-/// answers `landlock_create_ruleset` with `ENOSYS`: the real kernel, as a machine without
-/// Landlock would behave. Built before the fork; the hook makes only system calls.
-struct WithoutLandlock {
-    filter: Vec<libc::sock_filter>,
-}
-
-impl WithoutLandlock {
-    #[cfg(target_arch = "x86_64")]
-    const AUDIT_ARCH: u32 = 0xC000_003E;
-    #[cfg(target_arch = "aarch64")]
-    const AUDIT_ARCH: u32 = 0xC000_00B7;
-
-    fn new() -> Self {
-        let stmt = |code: u32, k: u32| libc::sock_filter {
-            code: code as u16,
-            jt: 0,
-            jf: 0,
-            k,
-        };
-        let jump_eq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
-            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
-            jt,
-            jf,
-            k,
-        };
-        let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
-        let ret = libc::BPF_RET | libc::BPF_K;
-        // Offsets into `struct seccomp_data`: `nr` at 0, `arch` at 4.
-        let filter = vec![
-            stmt(load, 4),
-            jump_eq(Self::AUDIT_ARCH, 1, 0),
-            stmt(ret, libc::SECCOMP_RET_KILL_PROCESS),
-            stmt(load, 0),
-            jump_eq(libc::SYS_landlock_create_ruleset as u32, 0, 1),
-            stmt(ret, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-            stmt(ret, libc::SECCOMP_RET_ALLOW),
-        ];
-        WithoutLandlock { filter }
-    }
-
-    /// Makes `cmd` run under the filter. Spawning fails loudly if it cannot be installed.
-    fn apply(&self, cmd: &mut std::process::Command) {
-        use std::os::unix::process::CommandExt;
-        let prog = libc::sock_fprog {
-            len: self.filter.len() as u16,
-            filter: self.filter.as_ptr() as *mut libc::sock_filter,
-        };
-        // The program only points into `self.filter`, which outlives the spawn.
-        let prog = Filter(prog);
-        // SAFETY: the hook makes only async-signal-safe system calls.
-        unsafe { cmd.pre_exec(move || prog.install()) };
-    }
-}
-
-/// A seccomp program for the forked child; it holds a raw pointer, read only there.
-struct Filter(libc::sock_fprog);
-// SAFETY: the pointer is only read, in the child, while the filter it points to is alive.
-unsafe impl Send for Filter {}
-// SAFETY: as above.
-unsafe impl Sync for Filter {}
-
-impl Filter {
-    /// Sets `no_new_privs` (required for an unprivileged filter) and installs the program.
-    fn install(&self) -> std::io::Result<()> {
-        // SAFETY: plain system calls on a program that stays alive until exec.
-        let failed = unsafe {
-            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    0,
-                    &self.0 as *const libc::sock_fprog,
-                ) != 0
-        };
-        if failed {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-}
-
 #[test]
 fn a_kernel_without_landlock_runs_no_command_and_says_why() {
     let scratch = Scratch::new();
@@ -847,18 +765,18 @@ fn a_kernel_without_landlock_runs_no_command_and_says_why() {
     ));
     let marker = layout.ws.join("ran.txt");
     let args = format!(r#"{{"command": "echo ran > '{}'"}}"#, marker.display());
-    let call = |without_landlock: Option<&WithoutLandlock>| {
+    let call = |without_landlock: bool| {
         let manifest = manifest.to_str().expect("UTF-8 path");
         let mut cmd = scratch.cordis(&["call", "-c", manifest, "bash", &args]);
         cmd.current_dir(&layout.ws);
-        if let Some(filter) = without_landlock {
-            filter.apply(&mut cmd);
+        if without_landlock {
+            // The kernel answers `landlock_create_ruleset` with ENOSYS, as without Landlock.
+            cordis_e2e::refuse_syscall(&mut cmd, libc::SYS_landlock_create_ruleset, libc::ENOSYS);
         }
         cmd.output().expect("spawn cordis call")
     };
 
-    let filter = WithoutLandlock::new();
-    let out = call(Some(&filter));
+    let out = call(true);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -877,7 +795,7 @@ fn a_kernel_without_landlock_runs_no_command_and_says_why() {
     assert!(!marker.exists(), "the command ran without its sandbox");
 
     // The control: the very same call, without the filter, runs confined.
-    let out = call(None);
+    let out = call(false);
     assert_eq!(
         out.status.code(),
         Some(0),

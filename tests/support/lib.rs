@@ -766,3 +766,61 @@ impl Drop for Outside {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Makes `cmd` run under a seccomp filter (installed between fork and exec) under which the
+/// kernel answers system call `nr` with `errno`: the real kernel, behaving as a machine
+/// without that facility would (Landlock missing, user namespaces disabled). Spawning fails
+/// loudly if the filter cannot be installed.
+pub fn refuse_syscall(cmd: &mut Command, nr: libc::c_long, errno: i32) {
+    use std::os::unix::process::CommandExt;
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xC000_003E;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xC000_00B7;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump_eq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    // Offsets into `struct seccomp_data`: `nr` at 0, `arch` at 4. Leaked: the program must
+    // outlive the fork, and a test makes a handful.
+    let filter: &'static [libc::sock_filter] = Box::leak(Box::new([
+        stmt(load, 4),
+        jump_eq(AUDIT_ARCH, 1, 0),
+        stmt(ret, libc::SECCOMP_RET_KILL_PROCESS),
+        stmt(load, 0),
+        jump_eq(nr as u32, 0, 1),
+        stmt(ret, libc::SECCOMP_RET_ERRNO | errno as u32),
+        stmt(ret, libc::SECCOMP_RET_ALLOW),
+    ]));
+    let (addr, len) = (filter.as_ptr() as usize, filter.len() as u16);
+    // SAFETY: the hook makes only system calls, on a program that lives for the whole run.
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len,
+                filter: addr as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+}
