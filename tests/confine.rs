@@ -12,15 +12,16 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cordis_e2e::{eventually, unique, Outside, Scratch, Started};
+use cordis_e2e::{
+    eventually, shell_exec as exec, shell_request as request, unique, Outside, Scratch, Started,
+};
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
-use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient};
+use dsh_shell_api::{ExecResult, ShellClient};
 
 use SandboxMode::{ReadOnly as Ro, WorkspaceWrite as Ww};
 
 /// A workspace and an outside directory (outside every writable root) with `victim.txt`.
 struct Layout {
-    _scratch: Scratch,
     ws: PathBuf,
     outside: Outside,
 }
@@ -33,11 +34,7 @@ impl Layout {
         let ws = ws.canonicalize().expect("canonical workspace");
         std::fs::write(outside.dir.join("victim.txt"), "original\n").expect("seed victim");
         std::fs::write(ws.join("inner.txt"), "inside\n").expect("seed inner");
-        Layout {
-            _scratch: Scratch::new(),
-            ws,
-            outside,
-        }
+        Layout { ws, outside }
     }
 
     fn victim(&self) -> PathBuf {
@@ -52,33 +49,33 @@ impl Layout {
         }
     }
 
-    /// `dsh-sandbox-policy` + `dsh-bash-sandbox` (with `shell_config` as its config).
-    fn sandboxed(&self, scratch: &Scratch, shell_config: &str) -> Started {
+    /// `dsh-sandbox-policy` + `dsh-bash-sandbox`, started in `scratch`.
+    fn sandboxed(&self, scratch: &Scratch) -> Started {
         scratch.manifest(&format!(
-            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n- name: dsh-bash-sandbox\n{shell_config}",
+            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n- name: dsh-bash-sandbox\n",
             self.ws.display()
         ));
         scratch.start()
     }
-}
 
-fn request(command: &str, cwd: &Path, policy: Option<SandboxExecutionPolicy>) -> ExecRequest {
-    ExecRequest {
-        command: command.to_string(),
-        cwd: cwd.to_path_buf(),
-        env: Vec::new(),
-        timeout_ms: Some(20_000),
-        output_limit: None,
-        policy,
-        cancel_fd: None,
+    /// [`Layout::sandboxed`] in a scratch of its own, with its shell.
+    fn confined(&self) -> Confined {
+        let scratch = Scratch::new();
+        let started = self.sandboxed(&scratch);
+        Confined {
+            shell: shell_of(&started),
+            _started: started,
+            _scratch: scratch,
+        }
     }
 }
 
-fn exec(shell: &ShellClient, request: ExecRequest) -> ExecResult {
-    let what = request.command.clone();
-    shell
-        .exec(request)
-        .unwrap_or_else(|e| panic!("`{what}` could not run: {e}"))
+/// A running confined composition and its shell, dropped in field order: the client
+/// before the composition, the composition before its files.
+struct Confined {
+    shell: ShellClient,
+    _started: Started,
+    _scratch: Scratch,
 }
 
 fn run_in(shell: &ShellClient, layout: &Layout, mode: SandboxMode, command: &str) -> ExecResult {
@@ -128,14 +125,13 @@ fn setattr_script(path: &Path) -> String {
 
 #[test]
 fn setattr_utime_and_xattr_outside_the_roots_are_refused() {
-    let scratch = Scratch::new();
     let layout = Layout::new();
-    let started = layout.sandboxed(&scratch, "");
-    let shell = shell_of(&started);
+    let confined = layout.confined();
+    let shell = &confined.shell;
     for mode in [Ww, Ro] {
         let victim = layout.victim();
         let before = attributes(&victim);
-        let r = run_in(&shell, &layout, mode, &setattr_script(&victim));
+        let r = run_in(shell, &layout, mode, &setattr_script(&victim));
         assert_eq!(attributes(&victim), before, "{mode}: {r:#?}");
         assert!(
             r.stderr.contains("Read-only file system"),
@@ -144,7 +140,7 @@ fn setattr_utime_and_xattr_outside_the_roots_are_refused() {
     }
     // The control: the same script on a file inside the workspace goes through.
     let inner = layout.ws.join("inner.txt");
-    let r = run_in(&shell, &layout, Ww, &setattr_script(&inner));
+    let r = run_in(shell, &layout, Ww, &setattr_script(&inner));
     let (mode, mtime, attr) = attributes(&inner);
     assert_eq!(
         (mode & 0o777, attr.as_deref()),
@@ -156,12 +152,11 @@ fn setattr_utime_and_xattr_outside_the_roots_are_refused() {
 
 #[test]
 fn device_nodes_cannot_be_made_even_in_the_workspace() {
-    let scratch = Scratch::new();
     let layout = Layout::new();
-    let started = layout.sandboxed(&scratch, "");
-    let shell = shell_of(&started);
+    let confined = layout.confined();
+    let shell = &confined.shell;
     let r = run_in(
-        &shell,
+        shell,
         &layout,
         Ww,
         "mknod blk b 7 0; mknod chr c 1 3; mkfifo fifo; ls",
@@ -182,10 +177,9 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn signals_reach_no_process_outside_the_sandbox() {
-    let scratch = Scratch::new();
     let layout = Layout::new();
-    let started = layout.sandboxed(&scratch, "");
-    let shell = shell_of(&started);
+    let confined = layout.confined();
+    let shell = &confined.shell;
     let mut bystander = cordis_e2e::KillOnDrop(
         std::process::Command::new("sleep")
             .arg("600")
@@ -196,7 +190,7 @@ fn signals_reach_no_process_outside_the_sandbox() {
     let server = std::process::id();
     for mode in [Ww, Ro] {
         let r = run_in(
-            &shell,
+            shell,
             &layout,
             mode,
             &format!("kill -9 {victim}; kill -9 {server}; kill -TERM -1; echo done"),
@@ -210,7 +204,7 @@ fn signals_reach_no_process_outside_the_sandbox() {
     );
     // The control: inside the sandbox, a command signals its own children.
     let r = run_in(
-        &shell,
+        shell,
         &layout,
         Ww,
         "sleep 600 & kill -9 $!; wait $!; echo status=$?",
@@ -275,13 +269,12 @@ impl Listeners {
 
 #[test]
 fn network_is_off_in_the_confined_modes() {
-    let scratch = Scratch::new();
     let layout = Layout::new();
-    let started = layout.sandboxed(&scratch, "");
-    let shell = shell_of(&started);
+    let confined = layout.confined();
+    let shell = &confined.shell;
     let listeners = Listeners::new(&layout.outside.dir);
     for mode in [Ww, Ro] {
-        let r = run_in(&shell, &layout, mode, &listeners.script());
+        let r = run_in(shell, &layout, mode, &listeners.script());
         assert_eq!(listeners.reached(), Vec::<&str>::new(), "{mode}: {r:#?}");
         assert!(!r.stdout.contains("connected"), "{mode}: {r:#?}");
         assert!(
@@ -297,13 +290,12 @@ fn network_is_off_in_the_confined_modes() {
 
 #[test]
 fn network_true_lets_a_confined_command_connect() {
-    let scratch = Scratch::new();
     let layout = Layout::new();
-    let started = layout.sandboxed(&scratch, "");
-    let shell = shell_of(&started);
+    let confined = layout.confined();
+    let shell = &confined.shell;
     let listeners = Listeners::new(&layout.outside.dir);
     let r = exec(
-        &shell,
+        shell,
         request(
             &listeners.script(),
             &layout.ws,
@@ -329,7 +321,7 @@ fn network_true_lets_a_confined_command_connect() {
     assert_eq!(listeners.reached(), ["tcp", "udp", "unix"], "{r:#?}");
     // Still confined: writes outside the roots are refused.
     let r = exec(
-        &shell,
+        shell,
         request(
             &format!("echo evil > '{}'", layout.victim().display()),
             &layout.ws,
@@ -464,7 +456,7 @@ fn nothing_a_command_starts_outlives_its_call() {
     for backend in ["dsh-bash-sandbox", "dsh-bash-local"] {
         let scratch = Scratch::new();
         let started = if backend == "dsh-bash-sandbox" {
-            layout.sandboxed(&scratch, "")
+            layout.sandboxed(&scratch)
         } else {
             scratch.manifest("- name: dsh-bash-local\n");
             scratch.start()
@@ -503,10 +495,9 @@ fn nothing_a_command_starts_outlives_its_call() {
 
 #[test]
 fn a_cancelled_command_is_killed_within_a_second() {
-    let scratch = Scratch::new();
     let layout = Layout::new();
-    let started = layout.sandboxed(&scratch, "");
-    let shell = shell_of(&started);
+    let confined = layout.confined();
+    let shell = confined.shell.clone();
     let mut fds = [-1; 2];
     // SAFETY: a valid array for the kernel to fill.
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use cordis_e2e::{Scratch, Started};
+use cordis_e2e::{shell_exec as exec, shell_request as request, Scratch, Started};
 use dsh_sandbox::{
     denial_marker, writable_roots, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy,
     SandboxMode, SandboxPolicy, SandboxPolicyClient,
 };
-use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient};
+use dsh_shell_api::{Shell, ShellClient};
 
 use SandboxMode::{DangerFullAccess as Full, ReadOnly as Ro, WorkspaceWrite as Ww};
 
@@ -125,27 +125,6 @@ fn start_sandboxed(scratch: &Scratch, mode: SandboxMode, root: &Path) -> Started
 fn start_local(scratch: &Scratch) -> Started {
     scratch.manifest("- name: dsh-bash-local\n");
     scratch.start()
-}
-
-fn request(command: &str, cwd: &Path, policy: Option<SandboxExecutionPolicy>) -> ExecRequest {
-    ExecRequest {
-        command: command.to_string(),
-        cwd: cwd.to_path_buf(),
-        env: Vec::new(),
-        timeout_ms: Some(20_000),
-        output_limit: None,
-        policy,
-        cancel_fd: None,
-    }
-}
-
-/// Runs one command; a backend error (e.g. `SHELL_SANDBOX_UNAVAILABLE`) fails the test
-/// with its message.
-fn exec(shell: &ShellClient, request: ExecRequest) -> ExecResult {
-    let what = request.command.clone();
-    shell
-        .exec(request)
-        .unwrap_or_else(|e| panic!("`{what}` could not run: {e}"))
 }
 
 /// What a case does when it is allowed.

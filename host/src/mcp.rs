@@ -168,7 +168,7 @@ where
     W: AsyncWrite + Send + Unpin + 'static,
 {
     let sinks = server.shared.sinks.clone();
-    let cancels = server.shared.clone();
+    let shared = server.shared.clone();
     let (ended, input_ended) = tokio::sync::oneshot::channel();
     let io = (
         EndOfInput {
@@ -207,7 +207,7 @@ where
         None => {
             // The client is gone: nobody will read an answer, so every call in flight is
             // cancelled (a running command is killed) instead of being waited for.
-            let cancelled = std::mem::take(&mut *lock(&cancels.cancels));
+            let cancelled = std::mem::take(&mut *lock(&shared.cancels));
             tracing::info!(
                 calls = cancelled.len(),
                 "the client closed its input; cancelling the calls in flight"

@@ -824,3 +824,34 @@ pub fn refuse_syscall(cmd: &mut Command, nr: libc::c_long, errno: i32) {
         })
     };
 }
+
+/// A `shell` request as the shell tests send it: no extra environment, a 20 s timeout, the
+/// default output cap, no cancel descriptor.
+pub fn shell_request(
+    command: &str,
+    cwd: &Path,
+    policy: Option<dsh_sandbox::SandboxExecutionPolicy>,
+) -> dsh_shell_api::ExecRequest {
+    dsh_shell_api::ExecRequest {
+        command: command.to_string(),
+        cwd: cwd.to_path_buf(),
+        env: Vec::new(),
+        timeout_ms: Some(20_000),
+        output_limit: None,
+        policy,
+        cancel_fd: None,
+    }
+}
+
+/// Runs one command; a backend error (e.g. `SHELL_SANDBOX_UNAVAILABLE`) fails the test
+/// with its message.
+pub fn shell_exec(
+    shell: &dsh_shell_api::ShellClient,
+    request: dsh_shell_api::ExecRequest,
+) -> dsh_shell_api::ExecResult {
+    use dsh_shell_api::Shell;
+    let what = request.command.clone();
+    shell
+        .exec(request)
+        .unwrap_or_else(|e| panic!("`{what}` could not run: {e}"))
+}

@@ -169,11 +169,6 @@ pub(crate) struct SandboxSpec {
     pub seccomp: Vec<libc::sock_filter>,
 }
 
-// SAFETY: the program is plain data (`sock_filter` holds no pointers); it is only read.
-unsafe impl Sync for SandboxSpec {}
-// SAFETY: as above.
-unsafe impl Send for SandboxSpec {}
-
 /// Everything the child needs, built before the fork.
 pub(crate) struct ChildPlan {
     /// Read end of the host's control pipe: end of file means "kill the command now".
@@ -185,7 +180,7 @@ pub(crate) struct ChildPlan {
     /// Write end of the status pipe: the supervisor writes the command's wait status here
     /// before it exits, so the host need not wait for the namespaces' teardown.
     pub status: RawFd,
-    /// `/proc/self/task/<tid>/children` is read by pid, built from the supervisor's own pid.
+    /// The namespaces and mount view of a confined command; `None` runs it unconfined.
     pub sandbox: Option<SandboxSpec>,
 }
 
