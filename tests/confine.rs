@@ -46,6 +46,7 @@ impl Layout {
             mode,
             workspace_root: self.ws.clone(),
             network,
+            ..Default::default()
         }
     }
 

@@ -62,6 +62,7 @@ fn policy(mode: SandboxMode, root: &Path) -> Option<SandboxExecutionPolicy> {
         mode,
         workspace_root: root.to_path_buf(),
         network: false,
+        ..Default::default()
     })
 }
 
@@ -654,6 +655,7 @@ fn reads_through_the_fence_equal_the_local_backend() {
         .list_dir(ListDir {
             path: root.clone(),
             max_entries: 2,
+            policy: None,
         })
         .unwrap();
     let names: Vec<String> = capped.entries.into_iter().map(|e| e.name).collect();
@@ -668,6 +670,7 @@ fn list(path: &std::path::Path) -> ListDir {
     ListDir {
         path: path.to_path_buf(),
         max_entries: 1000,
+        policy: None,
     }
 }
 
@@ -1011,6 +1014,7 @@ fn the_fence_agrees_with_writable_roots() {
         mode: WorkspaceWrite,
         workspace_root: ws.clone(),
         network: false,
+        ..Default::default()
     };
     let roots = writable_roots(&p);
     assert_eq!(roots[0], ws);
@@ -1071,7 +1075,7 @@ fn a_missing_workspace_root_fails_at_apply_naming_it() {
     let host = Host::new(
         &scratch.path().join("cordis.yml"),
         &[target_dir()],
-        &scratch.path().join("state"),
+        &scratch.state_dir(),
         false,
     );
     let err = match host.start() {

@@ -386,13 +386,13 @@ fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
     let id = created.stdout().trim().to_string();
     s.run(&["session", "set-mode", &id, "danger-full-access"])
         .expect_code(0);
-    let log = s.path().join("state/sessions").join(format!("{id}.jsonl"));
+    let log = s.state_dir().join("sessions").join(format!("{id}.jsonl"));
     let text = std::fs::read_to_string(&log).expect("the session log");
     assert!(text.contains("danger-full-access"), "{text}");
-    std::fs::write(s.path().join("state/evil.jsonl"), &text).expect("plant");
+    std::fs::write(s.state_dir().join("evil.jsonl"), &text).expect("plant");
     std::fs::write(outside.dir.join("evil.jsonl"), &text).expect("plant");
-    std::fs::create_dir_all(s.path().join("state/sessions/sub")).expect("sub");
-    std::fs::write(s.path().join("state/sessions/sub/evil.jsonl"), &text).expect("plant");
+    std::fs::create_dir_all(s.state_dir().join("sessions/sub")).expect("sub");
+    std::fs::write(s.state_dir().join("sessions/sub/evil.jsonl"), &text).expect("plant");
 
     let write = format!(
         r#"{{"path": "{}", "content": "escaped\n"}}"#,
@@ -428,7 +428,7 @@ fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
     assert_eq!(outside.victim_text(), cordis_e2e::VICTIM, "nothing escaped");
     // The planted logs were neither read nor appended to.
     assert_eq!(
-        std::fs::read_to_string(s.path().join("state/evil.jsonl")).expect("planted"),
+        std::fs::read_to_string(s.state_dir().join("evil.jsonl")).expect("planted"),
         text
     );
     // A well-formed id that does not exist is "no session", not "invalid".

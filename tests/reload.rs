@@ -86,7 +86,7 @@ fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
         maps.contains(&copy(new)),
         "generation {new} is not mapped:\n{maps}"
     );
-    let copies: Vec<String> = std::fs::read_dir(s.path().join("state/run"))
+    let copies: Vec<String> = std::fs::read_dir(s.state_dir().join("run"))
         .expect("the copies directory")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
@@ -388,7 +388,7 @@ fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
         growth < RSS_GROWTH_BOUND_KIB,
         "resident memory grew by {growth} KiB over 200 reloads (bound {RSS_GROWTH_BOUND_KIB} KiB)"
     );
-    let copies: Vec<String> = std::fs::read_dir(s.path().join("state/run"))
+    let copies: Vec<String> = std::fs::read_dir(s.state_dir().join("run"))
         .expect("state/run holds the live generation's library copies")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();

@@ -66,6 +66,7 @@ impl Layout {
             mode,
             workspace_root: self.ws.clone(),
             network: false,
+            ..Default::default()
         }
     }
 

@@ -710,7 +710,7 @@ fn a_huge_directory_is_listed_up_to_the_cap() {
         )
     );
     let out = call(&scratch, "list", json!({"path": "."}), 0, &[]);
-    assert_eq!(out, "cordis.yml\nmany/\nstate/\n", "at the cap, no note");
+    assert_eq!(out, "cordis.yml\nmany/\n", "at the cap, no note");
 }
 
 #[test]
@@ -795,14 +795,14 @@ fn read_pages_follow_the_configured_caps() {
         json!({"path": "/proc/sys/kernel/ostype"}),
         Want::Exact("Linux\n"),
     );
-    let status = check(
+    let meminfo = check(
         &started,
         &s,
         "read",
-        json!({"path": "/proc/self/status"}),
+        json!({"path": "/proc/meminfo"}),
         Want::Ok(&cut_at("64-byte", "line 1 shown", "", 2)),
     );
-    assert!(status.text.starts_with("Name:\t"), "{status:?}");
+    assert!(meminfo.text.starts_with("MemTotal:"), "{meminfo:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -982,7 +982,10 @@ fn escalation_matrix_for_write_edit_and_bash() {
                     req.justification,
                     "the change is needed outside the project"
                 );
-                assert!(req.summary.contains("victim.txt"), "{req:?}");
+                assert!(
+                    req.summary.contains("victim.txt") || req.detail.contains("victim.txt"),
+                    "{req:?}"
+                );
                 assert!(req.summary.contains("danger-full-access"), "{req:?}");
             }
         }

@@ -67,6 +67,7 @@ fn escalate(tool: &str, escalation: &EscalationParams, summary: &str) {
             requested: escalation.mode,
             justification: &escalation.justification,
             summary,
+            detail: summary,
         };
         let wider = escalation.mode.is_wider_than(current);
         let none = approve_escalation(None, &ask);

@@ -68,7 +68,7 @@ impl ApprovalRouter {
             call = %request.call_id,
             tool = %request.tool,
             "approval {outcome:?}: {}",
-            request.summary
+            escape_line(&request.summary)
         );
         outcome
     }
@@ -81,5 +81,123 @@ pub struct ApprovalService(pub Arc<ApprovalRouter>);
 impl Approval for ApprovalService {
     fn request(&self, request: ApprovalRequest) -> Result<ApprovalOutcome> {
         Ok(self.0.ask(&request))
+    }
+}
+
+/// The widest line of agent-supplied text an approval shows; longer lines are wrapped
+/// (continued on the next line, marked), never cut.
+pub const WRAP_AT: usize = 100;
+
+/// `text` with every control character (C0, DEL, C1), line or paragraph separator and
+/// bidirectional-formatting character escaped (`\n`, `\u{1b}`, …), so it stays on one
+/// line and cannot restyle or reorder the prompt around it.
+pub fn escape_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control()
+                || matches!(
+                    c,
+                    '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+                )
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c) =>
+            {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Agent-supplied `text` as a quoted block: every line escaped ([`escape_line`]) and
+/// prefixed with `│ `, lines wider than [`WRAP_AT`] continued on lines prefixed `┆ `.
+/// Nothing in it can start a line of the prompt itself.
+fn quoted(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.split('\n') {
+        let escaped = escape_line(line);
+        let chars: Vec<char> = escaped.chars().collect();
+        let mut chunks = chars.chunks(WRAP_AT);
+        let first: String = chunks.next().unwrap_or_default().iter().collect();
+        out.push_str(&format!("  │ {first}\n"));
+        for rest in chunks {
+            out.push_str(&format!("  ┆ {}\n", rest.iter().collect::<String>()));
+        }
+    }
+    out
+}
+
+/// What a person is shown before deciding, the same for every front-end: the tool, the
+/// one-line summary (escaped), the whole request as a quoted block, and the justification
+/// as a quoted block marked as the agent's words. Ends with a newline; the front-end adds
+/// its question.
+pub fn render(request: &ApprovalRequest) -> String {
+    let mut out = format!(
+        "Tool `{}` asks to run one call with a wider sandbox:\n  {}\n",
+        escape_line(&request.tool),
+        escape_line(&request.summary)
+    );
+    if !request.detail.is_empty() {
+        out.push_str("The whole request (exactly what will run or be written):\n");
+        out.push_str(&quoted(&request.detail));
+    }
+    out.push_str("The agent's justification (its own words, not checked):\n");
+    out.push_str(&quoted(&request.justification));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(summary: &str, detail: &str, justification: &str) -> ApprovalRequest {
+        ApprovalRequest {
+            session: "s1".into(),
+            call_id: "c1".into(),
+            tool: "bash".into(),
+            summary: summary.into(),
+            detail: detail.into(),
+            justification: justification.into(),
+        }
+    }
+
+    #[test]
+    fn agent_text_cannot_forge_lines_and_is_never_cut() {
+        let long = format!("echo {}; touch ~/x", "a".repeat(250));
+        let text = render(&request(
+            "write 3 bytes to /w/a\nJustification: fine\u{1b}[2K",
+            &long,
+            "needed\nApprove this one call? yes\r",
+        ));
+        expect_test::expect![[r#"
+            Tool `bash` asks to run one call with a wider sandbox:
+              write 3 bytes to /w/a\nJustification: fine\u{1b}[2K
+            The whole request (exactly what will run or be written):
+              │ echo aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+              ┆ aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+              ┆ aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa; touch ~/x
+            The agent's justification (its own words, not checked):
+              │ needed
+              │ Approve this one call? yes\r
+        "#]]
+        .assert_eq(&text);
+        for line in text.lines() {
+            assert!(!line.starts_with("Justification") && !line.starts_with("Approve"));
+        }
+    }
+
+    #[test]
+    fn every_invisible_or_reordering_character_is_escaped() {
+        let all = "\u{0}\u{7f}\u{85}\u{2028}\u{202e}\u{2067}\\";
+        assert_eq!(
+            escape_line(all),
+            "\\u{0}\\u{7f}\\u{85}\\u{2028}\\u{202e}\\u{2067}\\\\"
+        );
     }
 }

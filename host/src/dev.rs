@@ -70,6 +70,16 @@ pub struct Project {
     plugins: Vec<Member>,
 }
 
+impl Project {
+    /// What `--dev` trusts and must protect from sandboxed sessions: the package
+    /// directories whose sources it rebuilds into the host, and the target directory.
+    pub fn trusted_paths(&self) -> Vec<PathBuf> {
+        let mut paths = self.member_dirs.clone();
+        paths.push(self.target_dir.clone());
+        paths
+    }
+}
+
 /// The cargo to run: the one that ran us (`cargo run`) when set, else `cargo` on `PATH`.
 fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))

@@ -12,6 +12,7 @@ pub mod loader;
 pub mod manifest;
 pub mod mcp;
 pub mod plan;
+pub mod protect;
 pub mod registry;
 pub mod runtime;
 pub mod scaffold;
@@ -23,13 +24,16 @@ pub mod watch;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cordis_sdk::host::{ApprovalClient, SessionsClient, APPROVAL, SESSIONS};
+use cordis_sdk::host::{
+    ApprovalClient, CompositionClient, SessionsClient, APPROVAL, COMPOSITION, SESSIONS,
+};
 use cordis_sdk::Interface;
 
 use crate::approval::{ApprovalRouter, ApprovalService};
 use crate::diag::Diagnostics;
 use crate::loader::{SearchPath, ServiceSpec};
 use crate::plan::{Plan, PlanOptions};
+use crate::protect::{CompositionService, Protection};
 use crate::registry::Registry;
 use crate::sessions::{SessionStore, SessionsService};
 
@@ -43,6 +47,8 @@ pub struct Host {
     pub sessions: Arc<SessionStore>,
     /// Where approval requests go.
     pub approvals: Arc<ApprovalRouter>,
+    /// The paths that define the composition (served as `composition`).
+    pub protection: Arc<Protection>,
 }
 
 fn spec<I: Interface>(name: &str) -> ServiceSpec {
@@ -54,8 +60,10 @@ fn spec<I: Interface>(name: &str) -> ServiceSpec {
 }
 
 impl Host {
-    /// A host for `manifest`, searching `plugin_path` first, keeping state in `state_dir`.
+    /// A host for `manifest`, searching `plugin_path` first, keeping state in `state_dir`
+    /// (empty for a command that keeps none).
     pub fn new(manifest: &Path, plugin_path: &[PathBuf], state_dir: &Path, verbose: bool) -> Self {
+        let protection = Arc::new(Protection::new(state_dir));
         Host {
             manifest: manifest.to_path_buf(),
             options: PlanOptions {
@@ -64,11 +72,14 @@ impl Host {
                 host_services: vec![
                     spec::<SessionsClient>(SESSIONS),
                     spec::<ApprovalClient>(APPROVAL),
+                    spec::<CompositionClient>(COMPOSITION),
                 ],
                 copies: None,
+                protect: Some(protection.clone()),
             },
             sessions: Arc::new(SessionStore::new(state_dir)),
             approvals: Arc::new(ApprovalRouter::default()),
+            protection,
         }
     }
 
@@ -88,6 +99,10 @@ impl Host {
             (
                 spec::<ApprovalClient>(APPROVAL),
                 ApprovalClient::serve(ApprovalService(self.approvals.clone())),
+            ),
+            (
+                spec::<CompositionClient>(COMPOSITION),
+                CompositionClient::serve(CompositionService(self.protection.clone())),
             ),
         ]);
         registry.apply_plan(&plan)?;

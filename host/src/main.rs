@@ -35,7 +35,8 @@ struct Cli {
     #[arg(long = "plugin-path", global = true)]
     plugin_path: Vec<PathBuf>,
     /// Where session logs live [default: $CORDIS_STATE_DIR, else $XDG_STATE_HOME/cordis,
-    /// else ~/.local/state/cordis].
+    /// else ~/.local/state/cordis; never guessed: with none of them set, commands that
+    /// keep state fail].
     #[arg(long, global = true)]
     state_dir: Option<PathBuf>,
     /// Show full reports (e.g. abi_stable's layout report on an ABI mismatch).
@@ -184,7 +185,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let state_dir = cordis_host::sessions::default_state_dir(cli.state_dir.as_deref());
+    let keeps_state = !matches!(
+        cli.command,
+        Command::Check { .. } | Command::Schema(_) | Command::New { .. }
+    );
+    let state_dir = match cordis_host::sessions::default_state_dir(cli.state_dir.as_deref()) {
+        Some(dir) => dir,
+        None if keeps_state => {
+            eprintln!("error: {}", cordis_host::sessions::NO_STATE_DIR);
+            return ExitCode::FAILURE;
+        }
+        None => PathBuf::new(),
+    };
     let host = Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose);
     let outcome = match cli.command {
         Command::Check {
@@ -445,6 +457,17 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
             .and_then(|m| m.parent().map(std::path::Path::to_path_buf))
             .unwrap_or_else(|| PathBuf::from("."));
         let project = cordis_host::dev::Project::discover(&dir).context("`--dev` cannot start")?;
+        let trusted = project.trusted_paths();
+        tracing::warn!(
+            "dev: the plugin sources in {} are rebuilt and run UNCONFINED in this host; they and \
+             the target directory are protected from sandboxed sessions (read-only to them)",
+            trusted
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        host.protection.add(trusted);
         if !project.build_for_manifest(&manifest, &host.options.search) {
             tracing::error!("dev: the first build failed; starting with the libraries on disk");
         }
@@ -656,9 +679,9 @@ fn call(host: Host, args: CallArgs) -> ExitCode {
 
 /// Asks on the terminal: `y` approves, `n` rejects, end of input cancels.
 fn ask_on_terminal(request: &ApprovalRequest) -> ApprovalOutcome {
-    eprintln!(
-        "approval requested by tool `{}`: {}\n  justification: {}\napprove? [y/N] ",
-        request.tool, request.summary, request.justification
+    eprint!(
+        "{}Approve this one call? [y/N] ",
+        cordis_host::approval::render(request)
     );
     let mut line = String::new();
     match std::io::stdin().read_line(&mut line) {

@@ -676,8 +676,8 @@ fn approval_params(request: &ApprovalRequest) -> Result<ElicitRequestParams, Str
     }))
     .map_err(|e| e.to_string())?;
     let message = format!(
-        "Tool `{}` asks for approval.\n\n{}\n\nJustification: {}\n\nApprove this one call?",
-        request.tool, request.summary, request.justification
+        "{}\nApprove this one call?",
+        crate::approval::render(request)
     );
     Ok(ElicitRequestParams::FormElicitationParams {
         meta: None,

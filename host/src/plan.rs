@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::diag::{self, Diagnostic, Diagnostics};
 use crate::loader::{file_digest, Copies, Library, LoadError, SearchPath, ServiceSpec};
 use crate::manifest::{self, Entry};
+use crate::protect::Protection;
 
 /// Options for planning.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +23,9 @@ pub struct PlanOptions {
     /// Load every library from a private copy (needed to load a new generation of a file
     /// that is already loaded).
     pub copies: Option<Arc<Copies>>,
+    /// Protected paths to extend with what each planned manifest can load, before any of
+    /// its libraries is loaded.
+    pub protect: Option<Arc<Protection>>,
 }
 
 /// An entry ready to apply.
@@ -82,6 +86,9 @@ pub fn plan_with(
         items,
     };
     let manifest = manifest::parse(&text).map_err(fail)?;
+    if let Some(protect) = &opts.protect {
+        protect.cover_manifest(file, &manifest, &opts.search);
+    }
     let base = file.parent().unwrap_or(Path::new("."));
     let mut diags = Vec::new();
 

@@ -17,29 +17,35 @@ use serde::{Deserialize, Serialize};
 pub const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
 
 /// `--state-dir`, else `CORDIS_STATE_DIR`, else `$XDG_STATE_HOME/cordis`, else
-/// `~/.local/state/cordis`, else `.cordis-state` in the current directory.
-pub fn default_state_dir(flag: Option<&Path>) -> PathBuf {
+/// `~/.local/state/cordis`. Never guessed: with none of them set there is no state
+/// directory (a fallback into the working directory would put the session logs that hold
+/// each session's sandbox mode inside the session's own workspace).
+pub fn default_state_dir(flag: Option<&Path>) -> Option<PathBuf> {
     state_dir_from(flag, |name| std::env::var_os(name))
 }
+
+/// What to say when a command needs a state directory and none is set.
+pub const NO_STATE_DIR: &str = "no state directory: none of --state-dir, CORDIS_STATE_DIR, \
+XDG_STATE_HOME or HOME is set; pass `--state-dir DIR` (or set CORDIS_STATE_DIR) to a \
+directory outside every workspace the sessions may write";
 
 /// [`default_state_dir`] with the environment read through `env`.
 fn state_dir_from(
     flag: Option<&Path>,
     env: impl Fn(&str) -> Option<std::ffi::OsString>,
-) -> PathBuf {
+) -> Option<PathBuf> {
     if let Some(f) = flag {
-        return f.to_path_buf();
+        return Some(f.to_path_buf());
     }
     if let Some(d) = env(STATE_DIR_ENV).filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+        return Some(PathBuf::from(d));
     }
     if let Some(d) = env("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("cordis");
+        return Some(PathBuf::from(d).join("cordis"));
     }
-    match env("HOME").filter(|d| !d.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".local/state/cordis"),
-        None => PathBuf::from(".cordis-state"),
-    }
+    env("HOME")
+        .filter(|d| !d.is_empty())
+        .map(|home| PathBuf::from(home).join(".local/state/cordis"))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -49,6 +55,9 @@ enum Line {
         version: u32,
         id: String,
         cwd: PathBuf,
+        /// Device and inode of `cwd` at creation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd_id: Option<(u64, u64)>,
     },
     Event(SessionEvent),
 }
@@ -178,6 +187,11 @@ impl SessionStore {
                 std::io::Error::other("not a directory"),
             ));
         }
+        let cwd_id = {
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::metadata(&cwd).map_err(|e| SessionError::BadCwd(cwd.clone(), e))?;
+            Some((meta.dev(), meta.ino()))
+        };
         let dir = self.sessions_dir();
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let id = new_id();
@@ -186,6 +200,7 @@ impl SessionStore {
             version: 1,
             id: id.clone(),
             cwd: cwd.clone(),
+            cwd_id,
         };
         let mut file = OpenOptions::new()
             .create_new(true)
@@ -199,6 +214,7 @@ impl SessionStore {
         let info = SessionInfo {
             id: id.clone(),
             cwd,
+            cwd_id,
         };
         self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
             id,
@@ -369,9 +385,9 @@ fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(
             detail,
         };
         match serde_json::from_str::<Line>(buf.trim_end()) {
-            Ok(Line::Header { id, cwd, .. }) if line == 1 => {
-                state.header = Some(SessionInfo { id, cwd })
-            }
+            Ok(Line::Header {
+                id, cwd, cwd_id, ..
+            }) if line == 1 => state.header = Some(SessionInfo { id, cwd, cwd_id }),
             Ok(Line::Event(e)) if line > 1 => state.events.push(e),
             Ok(_) => {
                 return Err(corrupt(
@@ -602,20 +618,19 @@ mod tests {
             ("HOME", "/home/me"),
         ];
         let dir = |flag: Option<&str>, vars| state_dir_from(flag.map(Path::new), env(vars));
-        assert_eq!(dir(Some("/flag"), all), PathBuf::from("/flag"));
-        assert_eq!(dir(None, all), PathBuf::from("/state"));
+        let some = |p: &str| Some(PathBuf::from(p));
+        assert_eq!(dir(Some("/flag"), all), some("/flag"));
+        assert_eq!(dir(None, all), some("/state"));
         let empty_state: &[(&str, &str)] = &[
             (STATE_DIR_ENV, ""),
             ("XDG_STATE_HOME", "/xdg"),
             ("HOME", "/home/me"),
         ];
-        assert_eq!(dir(None, empty_state), PathBuf::from("/xdg/cordis"));
+        assert_eq!(dir(None, empty_state), some("/xdg/cordis"));
         let home_only: &[(&str, &str)] = &[("XDG_STATE_HOME", ""), ("HOME", "/home/me")];
-        assert_eq!(
-            dir(None, home_only),
-            PathBuf::from("/home/me/.local/state/cordis")
-        );
-        assert_eq!(dir(None, &[("HOME", "")]), PathBuf::from(".cordis-state"));
+        assert_eq!(dir(None, home_only), some("/home/me/.local/state/cordis"));
+        assert_eq!(dir(None, &[("HOME", "")]), None);
+        assert_eq!(dir(None, &[]), None);
     }
 
     #[test]

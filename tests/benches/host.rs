@@ -52,7 +52,7 @@ fn main() {
     }
     let cordis = cordis_e2e::cordis_bin();
     let bundled = cordis_e2e::workspace_root().join("cordis.yml");
-    let state = scratch.path().join("state");
+    let state = scratch.state_dir();
     let check = || {
         let out = Command::new(&cordis)
             .args(["check", "-c"])

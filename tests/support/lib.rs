@@ -136,6 +136,7 @@ pub fn library(plugin: &str) -> PathBuf {
 /// A scratch directory for one test; kept (and its path printed) when a check fails.
 pub struct Scratch {
     dir: tempfile::TempDir,
+    state: tempfile::TempDir,
 }
 
 impl Default for Scratch {
@@ -145,14 +146,26 @@ impl Default for Scratch {
 }
 
 impl Scratch {
-    /// A fresh scratch directory (canonical path) with a `state/` for session logs.
+    /// A fresh scratch directory (canonical path) with a state directory of its own
+    /// beside it (never inside a session's workspace: the host refuses that).
     pub fn new() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("cordis-e2e-")
             .tempdir()
             .expect("tempdir");
-        std::fs::create_dir_all(dir.path().join("state")).expect("state dir");
-        Scratch { dir }
+        let state = tempfile::Builder::new()
+            .prefix("cordis-e2e-state-")
+            .tempdir()
+            .expect("state tempdir");
+        Scratch { dir, state }
+    }
+
+    /// The host's state directory for this scratch (canonical).
+    pub fn state_dir(&self) -> PathBuf {
+        self.state
+            .path()
+            .canonicalize()
+            .expect("canonical state dir")
     }
 
     /// The directory (canonical).
@@ -186,7 +199,7 @@ impl Scratch {
     pub fn cordis(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(cordis_bin());
         cmd.current_dir(self.path())
-            .env("CORDIS_STATE_DIR", self.path().join("state"))
+            .env("CORDIS_STATE_DIR", self.state_dir())
             .env_remove("CORDIS_PLUGIN_PATH")
             .env("RUST_LOG", "warn")
             .args(args)
@@ -197,6 +210,16 @@ impl Scratch {
     /// Runs `cordis ARGS` to completion.
     pub fn run(&self, args: &[&str]) -> Run {
         self.run_with_log(args, "warn")
+    }
+
+    /// Runs `cmd` (made with [`Scratch::cordis`], then adjusted) to completion.
+    pub fn run_command(&self, mut cmd: Command, what: &str) -> Run {
+        Run {
+            what: what.to_string(),
+            cwd: self.path(),
+            output: cmd.output().expect("failed to run cordis"),
+            killed_at: None,
+        }
     }
 
     /// Runs `cordis ARGS` to completion with `RUST_LOG=level`.
@@ -265,7 +288,7 @@ impl Scratch {
         let host = Host::new(
             &self.path().join("cordis.yml"),
             &[target_dir()],
-            &self.path().join("state"),
+            &self.state_dir(),
             false,
         );
         let (plan, registry) = host
@@ -287,11 +310,11 @@ impl Scratch {
         let mut host = Host::new(
             &self.path().join("cordis.yml"),
             &[self.path().join("plugins"), target_dir()],
-            &self.path().join("state"),
+            &self.state_dir(),
             false,
         );
         host.options.copies = Some(std::sync::Arc::new(cordis_host::loader::Copies::new(
-            self.path().join("state/run"),
+            self.state_dir().join("run"),
         )));
         Runtime::start(host).unwrap_or_else(|e| panic!("start failed: {e:#}"))
     }
@@ -652,8 +675,9 @@ pub fn unique() -> String {
 }
 
 /// A directory for test areas that must lie outside every writable root (the temp areas
-/// are writable roots): `CORDIS_E2E_OUTSIDE` when set, else the build output directory,
-/// else `~/.cache/cordis-e2e`, else `/var/tmp/cordis-e2e` — the first that is not inside a
+/// are writable roots) and outside every protected path (the build output directory is on
+/// the plugin search path): `CORDIS_E2E_OUTSIDE` when set, else `e2e-outside` beside the
+/// build output directory, else `~/.cache/cordis-e2e`, else `/var/tmp/cordis-e2e` — the first that is not inside a
 /// temp area. Fails loudly when none is.
 pub fn outside_base() -> PathBuf {
     let temp_roots: Vec<PathBuf> = [PathBuf::from("/tmp"), std::env::temp_dir()]
@@ -664,7 +688,7 @@ pub fn outside_base() -> PathBuf {
     if let Some(dir) = std::env::var_os("CORDIS_E2E_OUTSIDE") {
         candidates.push(PathBuf::from(dir));
     }
-    candidates.push(target_dir());
+    candidates.extend(target_dir().parent().map(|t| t.join("e2e-outside")));
     if let Some(home) = std::env::var_os("HOME") {
         candidates.push(PathBuf::from(home).join(".cache/cordis-e2e"));
     }
@@ -707,6 +731,7 @@ impl Outside {
             mode: dsh_sandbox::SandboxMode::WorkspaceWrite,
             workspace_root: PathBuf::from("/"),
             network: false,
+            ..Default::default()
         };
         let temp_roots: Vec<PathBuf> = dsh_sandbox::writable_roots(&probe)
             .into_iter()

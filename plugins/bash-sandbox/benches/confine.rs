@@ -36,6 +36,7 @@ fn main() {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.clone(),
         network: false,
+        ..Default::default()
     };
     let networked = SandboxExecutionPolicy {
         network: true,

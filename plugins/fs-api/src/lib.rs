@@ -33,6 +33,9 @@ pub mod codes {
     /// The file (or an edit's result) is larger than an operation that handles it whole
     /// accepts.
     pub const FS_TOO_LARGE: &str = "FS_TOO_LARGE";
+    /// A read of a process's own `/proc` entries (`/proc/self`, `/proc/<pid>`, …), which
+    /// would reveal the host's environment, memory or open files.
+    pub const FS_READ_DENIED: &str = "FS_READ_DENIED";
     /// Any other I/O error.
     pub const FS_IO: &str = "FS_IO";
 }
@@ -78,6 +81,10 @@ pub struct ListDir {
     pub path: PathBuf,
     /// The most entries returned (the first ones by name); at least 1.
     pub max_entries: u64,
+    /// The per-call policy, whose `denyRead` a sandboxed backend enforces; `None` means
+    /// the backend's deployment default. A plain local backend ignores it.
+    #[serde(default)]
+    pub policy: Option<SandboxExecutionPolicy>,
 }
 
 /// A directory's entries: the first [`ListDir::max_entries`] by name, and how many it has.
@@ -100,6 +107,10 @@ pub struct ReadLines {
     pub limit: Option<u64>,
     /// What one page may hold at most.
     pub caps: ReadCaps,
+    /// The per-call policy, whose `denyRead` a sandboxed backend enforces; `None` means
+    /// the backend's deployment default. A plain local backend ignores it.
+    #[serde(default)]
+    pub policy: Option<SandboxExecutionPolicy>,
 }
 
 /// The most one `read_lines` page holds. Every cap is at least 1.

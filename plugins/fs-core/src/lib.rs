@@ -23,7 +23,7 @@ use dsh_fs_api::codes;
 use dsh_fs_api::{
     line_cut_marker, Cut, DirEntry, Edited, Kind, Lines, ListDir, Listing, ReadLines, Stat, Written,
 };
-use dsh_sandbox::SandboxMode;
+use dsh_sandbox::{Fence, PathSet, SandboxExecutionPolicy, SandboxMode};
 
 /// Checks that `path` is usable: non-empty, without NUL bytes, absolute.
 pub fn check_path(path: &Path) -> Result<()> {
@@ -58,10 +58,15 @@ pub fn is_escape(e: &io::Error) -> bool {
 
 /// The `FS_SANDBOX_DENIED` error: the policy (not the OS) refused a mutation of `path`.
 pub fn sandbox_denied(mode: SandboxMode, path: &Path, why: &str) -> Error {
+    sandbox_refused(mode, "modify", path, why)
+}
+
+/// The `FS_SANDBOX_DENIED` error for operation `op` (`modify`, `read`) of `path`.
+fn sandbox_refused(mode: SandboxMode, op: &str, path: &Path, why: &str) -> Error {
     Error::new(
         codes::FS_SANDBOX_DENIED,
         format!(
-            "{}: cannot modify `{}` under {mode} mode: {why}",
+            "{}: cannot {op} `{}` under {mode} mode: {why}",
             dsh_sandbox::denial_marker(mode),
             path.display()
         ),
@@ -75,6 +80,75 @@ pub fn sandbox_denied(mode: SandboxMode, path: &Path, why: &str) -> Error {
             .to_string(),
     })
     .with_data(serde_json::json!({ "mode": mode.as_str() }))
+}
+
+/// What a read may not reach: every process's own `/proc` entries, always, and under a
+/// policy below `danger-full-access` its `denyRead`. Checked on what was opened (the real
+/// path of the descriptor), so a symlink swapped in after a check cannot lead around it.
+#[derive(Clone, Debug, Default)]
+pub struct ReadDeny {
+    denied: Option<(SandboxMode, PathSet)>,
+}
+
+impl ReadDeny {
+    /// The read fence of `policy` (`None`: only the `/proc` rule).
+    pub fn of(policy: Option<&SandboxExecutionPolicy>) -> ReadDeny {
+        let denied = policy
+            .filter(|p| p.mode != SandboxMode::DangerFullAccess && !p.deny_read.is_empty())
+            .map(|p| (p.mode, PathSet::new(p.deny_read.iter().cloned())));
+        ReadDeny { denied }
+    }
+
+    /// Refuses, before anything is opened, a read of a process's `/proc` entries (the
+    /// kernel may refuse the open of another process's first, with a less clear error).
+    pub fn check_path(&self, path: &Path) -> Result<()> {
+        refuse_process_entry(&path.canonicalize().unwrap_or(path.to_path_buf()), path)
+    }
+
+    /// Refuses the read of `opened`, opened at `path`, when what it is denies it.
+    pub fn check(&self, opened: &impl std::os::fd::AsRawFd, path: &Path) -> Result<()> {
+        let real = std::fs::read_link(format!("/proc/self/fd/{}", opened.as_raw_fd()))
+            .map_err(|e| io_error(e, "check what was opened at", path))?;
+        refuse_process_entry(&real, path)?;
+        if let Some((mode, set)) = &self.denied {
+            if let Some(rule) = set.covering(&real) {
+                return Err(sandbox_refused(
+                    *mode,
+                    "read",
+                    path,
+                    &format!("reading it is denied by the policy (`denyRead`: `{rule}`)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Refuses `real` (what `path` names) when it lies beneath a process's `/proc` entry.
+fn refuse_process_entry(real: &Path, path: &Path) -> Result<()> {
+    if let Some(entry) = process_entry(real) {
+        return Err(Error::new(
+                codes::FS_READ_DENIED,
+                format!(
+                    "cannot read `{}`: it is the `/proc` entry of a process (`{}`), which would reveal that process's environment, memory or open files",
+                    path.display(),
+                    entry.display()
+                ),
+            )
+            .with_help("read the files themselves; a process's own /proc entries are never served"));
+    }
+    Ok(())
+}
+
+/// The per-process part of `real` (`/proc/<pid>`, `/proc/self`, `/proc/thread-self`), if
+/// it lies beneath one.
+fn process_entry(real: &Path) -> Option<PathBuf> {
+    let rest = real.strip_prefix("/proc").ok()?;
+    let first = rest.components().next()?.as_os_str().to_str()?;
+    let per_process = first == "self"
+        || first == "thread-self"
+        || (!first.is_empty() && first.bytes().all(|b| b.is_ascii_digit()));
+    per_process.then(|| Path::new("/proc").join(first))
 }
 
 /// Maps an I/O error from operation `op` on `path` to an `fs` error code.
@@ -269,10 +343,12 @@ fn read_all(file: std::fs::File, path: &Path) -> Result<String> {
     utf8(bytes, path)
 }
 
-/// The whole regular file at `path` as UTF-8 text.
-pub fn read_text(path: &Path) -> Result<String> {
+/// The whole regular file at `path` as UTF-8 text, unless `deny` refuses it.
+pub fn read_text(path: &Path, deny: &ReadDeny) -> Result<String> {
     check_path(path)?;
+    deny.check_path(path)?;
     let (file, _) = open_regular(path, "read")?;
+    deny.check(&file, path)?;
     read_all(file, path)
 }
 
@@ -281,7 +357,7 @@ pub fn read_text(path: &Path) -> Result<String> {
 /// `max_line_bytes`, the first [`SNIFF_BYTES`] and a read buffer, and lines skipped to
 /// reach `offset` are counted, never kept. A NUL byte or invalid UTF-8 in the first
 /// [`SNIFF_BYTES`] or in a line of the page makes it binary: `FS_NOT_TEXT`.
-pub fn read_lines(args: &ReadLines) -> Result<Lines> {
+pub fn read_lines(args: &ReadLines, deny: &ReadDeny) -> Result<Lines> {
     check_path(&args.path)?;
     let caps = args.caps;
     if args.offset == 0 || args.limit == Some(0) {
@@ -294,7 +370,9 @@ pub fn read_lines(args: &ReadLines) -> Result<Lines> {
                 .with_help("raise the caps that are 0"),
         );
     }
+    deny.check_path(&args.path)?;
     let (file, size) = open_regular(&args.path, "read")?;
+    deny.check(&file, &args.path)?;
     page(file, size, args)
 }
 
@@ -516,8 +594,9 @@ fn binary(path: &Path, size: u64, evidence: &str, at: u64) -> Error {
     ))
 }
 
-/// The entries of directory `path`, sorted by name (kinds do not follow symlinks).
-pub fn list_dir(args: &ListDir) -> Result<Listing> {
+/// The entries of directory `path`, sorted by name (kinds do not follow symlinks), unless
+/// `deny` refuses it.
+pub fn list_dir(args: &ListDir, deny: &ReadDeny) -> Result<Listing> {
     let path = &args.path;
     check_path(path)?;
     if args.max_entries == 0 {
@@ -525,7 +604,12 @@ pub fn list_dir(args: &ListDir) -> Result<Listing> {
             .with_help("pass the most entries to return"));
     }
     let keep = usize::try_from(args.max_entries).unwrap_or(usize::MAX);
-    let rd = std::fs::read_dir(path).map_err(|e| io_error(e, "list", path))?;
+    deny.check_path(path)?;
+    let dir = std::fs::File::open(path).map_err(|e| io_error(e, "list", path))?;
+    deny.check(&dir, path)?;
+    // Listed through the descriptor that was checked.
+    let opened = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir));
+    let rd = std::fs::read_dir(&opened).map_err(|e| io_error(e, "list", path))?;
     // The `keep` smallest names seen so far: a max-heap whose top is the one to drop
     // (names are unique in a directory, so the kind never decides the order).
     let mut first: std::collections::BinaryHeap<(String, Kind)> =
@@ -613,8 +697,9 @@ pub fn fenced_target(
                 ),
                 _ => io_error(e, "resolve", path),
             })?;
-            let roots = dsh_sandbox::writable_roots(policy);
-            let Some(root) = dsh_sandbox::containing_root(&canonical, &roots) else {
+            let fence = Fence::of(policy);
+            let roots = &fence.writable_roots;
+            let Some(root) = dsh_sandbox::containing_root(&canonical, roots) else {
                 let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
                 return Err(sandbox_denied(
                     mode,
@@ -626,9 +711,41 @@ pub fn fenced_target(
                     ),
                 ));
             };
-            Target::beneath(root, &canonical, parents, mode)
+            guard(&fence, mode, path, &canonical)?;
+            let target = Target::beneath(root, &canonical, parents, mode)?;
+            // What was reached, not what was asked: a directory swapped for a symlink
+            // into a protected directory after the check above is caught here.
+            let reached = std::fs::read_link(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&target.parent)
+            ))
+            .map_err(|e| io_error(e, "check the directory of", path))?;
+            guard(&fence, mode, path, &reached.join(&target.name))?;
+            Ok(target)
         }
     }
+}
+
+/// Refuses a mutation of `canonical` (asked as `path`) that the fence protects or makes
+/// unreadable.
+fn guard(fence: &Fence, mode: SandboxMode, path: &Path, canonical: &Path) -> Result<()> {
+    if let Some(rule) = fence.protected.covering(canonical) {
+        return Err(sandbox_denied(
+            mode,
+            path,
+            &format!(
+                "`{rule}` is protected: it defines the running composition or the policy lists it; only an approved escalation to danger-full-access may change it"
+            ),
+        ));
+    }
+    if let Some(rule) = fence.deny_read.covering(canonical) {
+        return Err(sandbox_denied(
+            mode,
+            path,
+            &format!("it is unreadable under the policy (`denyRead`: `{rule}`)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a mutation creates missing parent directories (a write does, an edit does not).
@@ -930,6 +1047,7 @@ mod tests {
         (lines, bytes, line_bytes): (u64, u64, u64),
     ) -> ReadLines {
         ReadLines {
+            policy: None,
             path: PathBuf::from("/f"),
             offset,
             limit,
@@ -1197,14 +1315,17 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
         let paged = |path: PathBuf| {
             within_deadline(move || {
-                read_lines(&ReadLines {
-                    path,
-                    ..args(1, None, (10, 10, 10))
-                })
+                read_lines(
+                    &ReadLines {
+                        path,
+                        ..args(1, None, (10, 10, 10))
+                    },
+                    &ReadDeny::default(),
+                )
                 .map(|l| l.text)
             })
         };
-        let whole = |path: PathBuf| within_deadline(move || read_text(&path));
+        let whole = |path: PathBuf| within_deadline(move || read_text(&path, &ReadDeny::default()));
         let edited = |path: PathBuf| {
             within_deadline(move || {
                 let target = Target::ambient(&path, Parents::Existing)?;
@@ -1272,11 +1393,15 @@ mod tests {
             codes::FS_EDIT_NO_MATCH
         );
         assert_eq!(t.edit("two", "2", true).unwrap().replacements, 2);
-        assert_eq!(read_text(&file).unwrap(), "one 2 2");
-        let names: Vec<String> = list_dir(&ListDir {
-            path: root.join("a/b"),
-            max_entries: 10,
-        })
+        assert_eq!(read_text(&file, &ReadDeny::default()).unwrap(), "one 2 2");
+        let names: Vec<String> = list_dir(
+            &ListDir {
+                path: root.join("a/b"),
+                max_entries: 10,
+                policy: None,
+            },
+            &ReadDeny::default(),
+        )
         .unwrap()
         .entries
         .into_iter()
@@ -1289,11 +1414,15 @@ mod tests {
         assert_eq!(err.code, codes::FS_WRONG_KIND);
         std::fs::write(root.join("bin"), [0xff, 0xfe]).unwrap();
         assert_eq!(
-            read_text(&root.join("bin")).unwrap_err().code,
+            read_text(&root.join("bin"), &ReadDeny::default())
+                .unwrap_err()
+                .code,
             codes::FS_NOT_TEXT
         );
         assert_eq!(
-            read_text(&root.join("none")).unwrap_err().code,
+            read_text(&root.join("none"), &ReadDeny::default())
+                .unwrap_err()
+                .code,
             codes::FS_NOT_FOUND
         );
     }
@@ -1308,8 +1437,11 @@ mod tests {
         std::fs::write(&at, "a".repeat(max)).unwrap();
         std::fs::write(&over, "a".repeat(max + 1)).unwrap();
         let code = |r: Result<String>| r.map(|t| t.len()).map_err(|e| e.code);
-        assert_eq!(code(read_text(&at)), Ok(max));
-        assert_eq!(code(read_text(&over)), Err(codes::FS_TOO_LARGE.to_string()));
+        assert_eq!(code(read_text(&at, &ReadDeny::default())), Ok(max));
+        assert_eq!(
+            code(read_text(&over, &ReadDeny::default())),
+            Err(codes::FS_TOO_LARGE.to_string())
+        );
         let target = |p: &Path| {
             Target::beneath(&root, p, Parents::Existing, SandboxMode::WorkspaceWrite).unwrap()
         };
@@ -1344,10 +1476,14 @@ mod tests {
         }
         std::fs::create_dir(dir.join("f")).unwrap();
         let list = |max| {
-            let l = list_dir(&ListDir {
-                path: dir.clone(),
-                max_entries: max,
-            })
+            let l = list_dir(
+                &ListDir {
+                    path: dir.clone(),
+                    max_entries: max,
+                    policy: None,
+                },
+                &ReadDeny::default(),
+            )
             .unwrap();
             let names: Vec<String> = l.entries.into_iter().map(|e| e.name).collect();
             (names.join(""), l.total)
@@ -1357,17 +1493,25 @@ mod tests {
         assert_eq!(list(5), ("abcde".to_string(), 6));
         assert_eq!(list(6), ("abcdef".to_string(), 6));
         assert_eq!(list(100), ("abcdef".to_string(), 6));
-        let kinds = list_dir(&ListDir {
-            path: dir.clone(),
-            max_entries: 100,
-        })
+        let kinds = list_dir(
+            &ListDir {
+                path: dir.clone(),
+                max_entries: 100,
+                policy: None,
+            },
+            &ReadDeny::default(),
+        )
         .unwrap();
         assert_eq!(kinds.entries[5].kind, Kind::Dir);
         assert_eq!(kinds.entries[0].kind, Kind::File);
-        assert!(list_dir(&ListDir {
-            path: dir,
-            max_entries: 0
-        })
+        assert!(list_dir(
+            &ListDir {
+                path: dir,
+                max_entries: 0,
+                policy: None,
+            },
+            &ReadDeny::default()
+        )
         .is_err());
     }
 
@@ -1423,7 +1567,7 @@ mod tests {
         assert!(err.message.contains("cannot inspect"), "{err}");
         // What is not a regular file is named, with help that fits it.
         std::fs::create_dir(root.join("dir")).unwrap();
-        let dir = read_text(&root.join("dir")).unwrap_err();
+        let dir = read_text(&root.join("dir"), &ReadDeny::default()).unwrap_err();
         let help = |e: &Error| e.help.clone().unwrap_or_default();
         assert!(
             help(&dir).starts_with("list the directory instead"),
@@ -1438,7 +1582,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let pipe = read_text(&fifo).unwrap_err();
+        let pipe = read_text(&fifo, &ReadDeny::default()).unwrap_err();
         assert!(help(&pipe).contains("timeout 5 head"), "{pipe}");
     }
 }

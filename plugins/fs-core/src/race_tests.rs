@@ -82,6 +82,7 @@ fn policy(ws: &Path) -> SandboxExecutionPolicy {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.to_path_buf(),
         network: false,
+        ..Default::default()
     }
 }
 

@@ -9,7 +9,7 @@ use dsh_fs_api::{
     EditText, Edited, FileSystem, FsClient, Lines, ListDir, Listing, ReadLines, Stat, WriteText,
     Written, FS,
 };
-use dsh_fs_core::{Parents, PathLocks, Target};
+use dsh_fs_core::{Parents, PathLocks, ReadDeny, Target};
 use dsh_sandbox::SandboxMode;
 
 /// The config under `config:` in `cordis.yml`: this backend takes none.
@@ -32,15 +32,15 @@ impl FileSystem for LocalFs {
     }
 
     fn read_text(&self, path: PathBuf) -> Result<String> {
-        dsh_fs_core::read_text(&path)
+        dsh_fs_core::read_text(&path, &ReadDeny::default())
     }
 
     fn read_lines(&self, args: ReadLines) -> Result<Lines> {
-        dsh_fs_core::read_lines(&args)
+        dsh_fs_core::read_lines(&args, &ReadDeny::default())
     }
 
     fn list_dir(&self, args: ListDir) -> Result<Listing> {
-        dsh_fs_core::list_dir(&args)
+        dsh_fs_core::list_dir(&args, &ReadDeny::default())
     }
 
     fn write_text(&self, args: WriteText) -> Result<Written> {

@@ -43,6 +43,7 @@ fn main() {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.clone(),
         network: false,
+        ..Default::default()
     });
     let content: String = "0123456789abcdef".repeat(256);
     assert_eq!(content.len(), 4096);

@@ -1,12 +1,15 @@
 //! The fenced `fs` backend: provides `fs` in place of `dsh-fs-local`, injects
 //! `sandboxPolicy`, and fences the mutations (`write_text`, `edit_text`) by the per-call
-//! policy or, when a call carries none, the deployment default. Reads always pass.
+//! policy or, when a call carries none, the deployment default. Reads pass except a
+//! process's own `/proc` entries and, below `danger-full-access`, the policy's `denyRead`.
 //!
 //! - `read-only`: every mutation is `FS_SANDBOX_DENIED`.
 //! - `workspace-write`: the canonical target must lie beneath one of
 //!   [`dsh_sandbox::writable_roots`], and the mutation is performed through a handle to that
 //!   root with every component resolved beneath it, so a symlink swapped in between the
 //!   check and the write cannot escape.
+//!   Paths the policy protects (what defines the running composition, `.git/hooks`,
+//!   `.git/config`, `protectedPaths`) are refused beneath the roots too.
 //! - `danger-full-access`: unfenced.
 
 use std::path::PathBuf;
@@ -16,7 +19,7 @@ use dsh_fs_api::{
     EditText, Edited, FileSystem, FsClient, Lines, ListDir, Listing, ReadLines, Stat, WriteText,
     Written, FS,
 };
-use dsh_fs_core::{fenced_target, Parents, PathLocks};
+use dsh_fs_core::{fenced_target, Parents, PathLocks, ReadDeny};
 use dsh_sandbox::{
     EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
     SandboxPolicyClient, SANDBOX_POLICY,
@@ -63,15 +66,18 @@ impl FileSystem for FencedFs {
     }
 
     fn read_text(&self, path: PathBuf) -> Result<String> {
-        dsh_fs_core::read_text(&path)
+        let policy = self.policy_for(None)?;
+        dsh_fs_core::read_text(&path, &ReadDeny::of(Some(&policy)))
     }
 
     fn read_lines(&self, args: ReadLines) -> Result<Lines> {
-        dsh_fs_core::read_lines(&args)
+        let policy = self.policy_for(args.policy.clone())?;
+        dsh_fs_core::read_lines(&args, &ReadDeny::of(Some(&policy)))
     }
 
     fn list_dir(&self, args: ListDir) -> Result<Listing> {
-        dsh_fs_core::list_dir(&args)
+        let policy = self.policy_for(args.policy.clone())?;
+        dsh_fs_core::list_dir(&args, &ReadDeny::of(Some(&policy)))
     }
 
     fn write_text(&self, args: WriteText) -> Result<Written> {

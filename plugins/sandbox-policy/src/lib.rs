@@ -4,16 +4,17 @@
 //! enforcing families, and the model-facing `sandbox:policy` text.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use cordis_sdk::host::{
-    EventQuery, ModelContext, ModelContextClient, NewEvent, Sessions, SessionsClient, SESSIONS,
+    Composition, CompositionClient, EventQuery, ModelContext, ModelContextClient, NewEvent,
+    Sessions, SessionsClient, COMPOSITION, SESSIONS,
 };
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
-    EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
-    SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
+    is_within, EnforcedFamily, Fence, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
+    SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
 };
 use serde::Deserializer;
 
@@ -23,8 +24,14 @@ pub mod codes {
     pub const SANDBOX_FORGED_MODE: &str = "SANDBOX_FORGED_MODE";
     /// The session could not be read from the host's session store.
     pub const SANDBOX_UNKNOWN_SESSION: &str = "SANDBOX_UNKNOWN_SESSION";
-    /// A workspace root (configured or a session's cwd) is not a usable directory.
+    /// A workspace root (configured or a session's cwd) is not a usable directory, no
+    /// longer names the directory its session was created in, or would make the whole
+    /// file system or the home directory writable.
     pub const SANDBOX_BAD_ROOT: &str = "SANDBOX_BAD_ROOT";
+    /// A `writableRoots`, `protectedPaths` or `denyRead` entry is not usable.
+    pub const SANDBOX_BAD_PATH: &str = "SANDBOX_BAD_PATH";
+    /// The host's state directory lies inside a writable root.
+    pub const SANDBOX_STATE_DIR_WRITABLE: &str = "SANDBOX_STATE_DIR_WRITABLE";
 }
 
 /// The config under `config:` in `cordis.yml`.
@@ -45,6 +52,93 @@ pub struct Config {
     /// loopback and cannot create unix sockets. `danger-full-access` always may.
     #[serde(default)]
     pub network: bool,
+    /// List of directories; default none. Writable roots in `workspace-write` besides the
+    /// workspace root and the temp areas; each must exist and is canonicalized (`~/`
+    /// means the home directory).
+    #[serde(default)]
+    pub writable_roots: Vec<PathBuf>,
+    /// List of paths or glob patterns; default none. Kept read-only to every call below
+    /// `danger-full-access`, even beneath a writable root (in addition to what defines the
+    /// running composition and `.git/hooks`, `.git/config` of every writable root). A path
+    /// is absolute or starts with `~/`; a pattern (`*`, `?`, `[`, `{`) matches whole
+    /// paths, `**/` any directories (`**/.env`). Patterns are applied to commands for what
+    /// they match inside the workspace when the command starts.
+    #[serde(default)]
+    pub protected_paths: Vec<PathBuf>,
+    /// List of paths or glob patterns, as `protectedPaths`; default none. Unreadable to
+    /// every call below `danger-full-access`: the `fs` backends refuse them and confined
+    /// commands see an empty file or directory in their place (e.g. `~/.ssh`, `**/.env`).
+    #[serde(default)]
+    pub deny_read: Vec<PathBuf>,
+}
+
+/// `~/x` as `$HOME/x`; anything else unchanged.
+fn expand_home(path: &Path) -> Result<PathBuf> {
+    match path.strip_prefix("~") {
+        Ok(rest) => match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(home) => Ok(PathBuf::from(home).join(rest)),
+            None => Err(Error::new(
+                codes::SANDBOX_BAD_PATH,
+                format!("`{}` starts with `~` but HOME is not set", path.display()),
+            )
+            .with_help("write the path out in full")),
+        },
+        Err(_) => Ok(path.to_path_buf()),
+    }
+}
+
+/// The configured `protectedPaths` or `denyRead` (`key`): `~` expanded, paths canonical
+/// as far as they exist, patterns checked.
+fn path_rules(key: &str, entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in entries {
+        let path = expand_home(entry)?;
+        if dsh_sandbox::fence::is_pattern(&path) {
+            let text = path.to_string_lossy();
+            dsh_sandbox::fence::check_pattern(&text).map_err(|e| {
+                Error::new(
+                    codes::SANDBOX_BAD_PATH,
+                    format!("`{key}`: the pattern `{text}` is not valid: {e}"),
+                )
+                .with_help("fix the pattern (`**/name` matches `name` in any directory)")
+            })?;
+            out.push(path);
+        } else if path.is_absolute() {
+            out.push(dsh_sandbox::canonical_path(&path).unwrap_or(path));
+        } else {
+            return Err(Error::new(
+                codes::SANDBOX_BAD_PATH,
+                format!("`{key}`: `{}` is relative", path.display()),
+            )
+            .with_help("write an absolute path, a `~/` path, or a pattern such as `**/.env`"));
+        }
+    }
+    Ok(out)
+}
+
+/// Refuses a `workspace-write` root that would make the whole file system or the home
+/// directory writable.
+fn check_writable_root(root: &Path, whose: &str) -> Result<()> {
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .and_then(|h| PathBuf::from(h).canonicalize().ok());
+    let swallows = if root == Path::new("/") {
+        Some("the whole file system".to_string())
+    } else {
+        home.filter(|h| h != root && is_within(h, root))
+            .map(|h| format!("the home directory `{}`", h.display()))
+    };
+    match swallows {
+        Some(what) => Err(Error::new(
+            codes::SANDBOX_BAD_ROOT,
+            format!(
+                "{whose} `{}` cannot be a workspace-write root: it would make {what} writable",
+                root.display()
+            ),
+        )
+        .with_help("start the session in a project directory (or use `read-only`)")),
+        None => Ok(()),
+    }
 }
 
 /// Parses `mode`, naming the key and the allowed values when the spelling is wrong.
@@ -66,9 +160,13 @@ struct Families {
 
 struct Policy {
     sessions: SessionsClient,
+    composition: Option<CompositionClient>,
     default_mode: SandboxMode,
     workspace_root: PathBuf,
     network: bool,
+    writable_roots: Vec<PathBuf>,
+    protected_paths: Vec<PathBuf>,
+    deny_read: Vec<PathBuf>,
     families: Mutex<Families>,
 }
 
@@ -81,6 +179,27 @@ fn session_error(id: &str, e: Error) -> Error {
 }
 
 impl Policy {
+    /// The policy of one call rooted at `root`: the fence's extra roots, the composition's
+    /// protected paths (asked fresh: a reload may have added some) and the configured ones.
+    fn policy(&self, mode: SandboxMode, root: PathBuf) -> Result<SandboxExecutionPolicy> {
+        if mode == SandboxMode::WorkspaceWrite {
+            check_writable_root(&root, "the workspace root")?;
+        }
+        let mut protected_paths = match &self.composition {
+            Some(c) => c.protected_paths(())?,
+            None => Vec::new(),
+        };
+        protected_paths.extend(self.protected_paths.iter().cloned());
+        Ok(SandboxExecutionPolicy {
+            mode,
+            workspace_root: root,
+            network: self.network,
+            writable_roots: self.writable_roots.clone(),
+            protected_paths,
+            deny_read: self.deny_read.clone(),
+        })
+    }
+
     /// The session's standing mode from its log (last switch wins), rejecting forgeries.
     fn session_mode(&self, id: &str) -> Result<Option<SandboxMode>> {
         let events = self
@@ -104,11 +223,10 @@ impl Policy {
 impl SandboxPolicy for PolicyHandle {
     fn resolve(&self, args: ResolveArgs) -> Result<SandboxExecutionPolicy> {
         let Some(id) = args.session else {
-            return Ok(SandboxExecutionPolicy {
-                mode: args.mode.unwrap_or(self.default_mode),
-                workspace_root: self.workspace_root.clone(),
-                network: self.network,
-            });
+            return self.policy(
+                args.mode.unwrap_or(self.default_mode),
+                self.workspace_root.clone(),
+            );
         };
         let info = self
             .sessions
@@ -117,21 +235,8 @@ impl SandboxPolicy for PolicyHandle {
         // The log is checked even when a mode is approved for this call: a forged log is
         // reported, never silently bypassed.
         let logged = self.session_mode(&id)?;
-        let root = info.cwd.canonicalize().map_err(|e| {
-            Error::new(
-                codes::SANDBOX_BAD_ROOT,
-                format!(
-                    "session `{id}`: its cwd `{}` is not usable: {e}",
-                    info.cwd.display()
-                ),
-            )
-            .with_help("restore the directory or start a session in an existing directory")
-        })?;
-        Ok(SandboxExecutionPolicy {
-            mode: args.mode.or(logged).unwrap_or(self.default_mode),
-            workspace_root: root,
-            network: self.network,
-        })
+        let root = pinned_root(&id, &info)?;
+        self.policy(args.mode.or(logged).unwrap_or(self.default_mode), root)
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {
@@ -192,6 +297,44 @@ impl SandboxPolicy for PolicyHandle {
     }
 }
 
+/// The session's root, checked to still be the directory the session was created in: the
+/// recorded path must still resolve to itself (no symlink swapped in) and name the same
+/// directory (device and inode). Fails closed otherwise.
+fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let moved = |now: String| {
+        Error::new(
+            codes::SANDBOX_BAD_ROOT,
+            format!(
+                "session `{id}`: its root `{}` no longer names the directory the session was \
+                 created in ({now}); refusing to guess where it went",
+                info.cwd.display()
+            ),
+        )
+        .with_help("restore the directory, or start a new session in the directory you mean")
+    };
+    let canonical = info
+        .cwd
+        .canonicalize()
+        .map_err(|e| moved(format!("it cannot be resolved: {e}")))?;
+    if canonical != info.cwd {
+        return Err(moved(format!(
+            "it now resolves to `{}`",
+            canonical.display()
+        )));
+    }
+    let meta = std::fs::metadata(&canonical).map_err(|e| moved(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(moved("it is not a directory".to_string()));
+    }
+    if let Some((dev, ino)) = info.cwd_id {
+        if (meta.dev(), meta.ino()) != (dev, ino) {
+            return Err(moved("another directory is there now".to_string()));
+        }
+    }
+    Ok(canonical)
+}
+
 /// The registry name of the model-context contribution (the seeds' `sandbox:policy`).
 pub const POLICY_CONTEXT: &str = "sandbox:policy";
 
@@ -227,6 +370,7 @@ impl Plugin for SandboxPolicyPlugin {
             .provides::<SandboxPolicyClient>(SANDBOX_POLICY)
             .provides::<ModelContextClient>(POLICY_CONTEXT)
             .injects::<SessionsClient>(SESSIONS)
+            .injects_optional::<CompositionClient>(COMPOSITION)
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
@@ -262,13 +406,64 @@ impl Plugin for SandboxPolicyPlugin {
             .with_help("set `workspaceRoot` to an existing directory"));
         }
         let default_mode = config.mode.unwrap_or(SandboxMode::ReadOnly);
-        let shared = PolicyHandle(Arc::new(Policy {
+        if default_mode == SandboxMode::WorkspaceWrite {
+            check_writable_root(&workspace_root, "workspaceRoot")?;
+        }
+        let mut writable_roots = Vec::new();
+        for root in &config.writable_roots {
+            let expanded = expand_home(root)?;
+            let canonical = expanded.canonicalize().map_err(|e| {
+                Error::new(
+                    codes::SANDBOX_BAD_PATH,
+                    format!(
+                        "`writableRoots`: `{}` cannot be resolved: {e}",
+                        root.display()
+                    ),
+                )
+                .with_help("list existing directories")
+            })?;
+            check_writable_root(&canonical, "`writableRoots` entry")?;
+            writable_roots.push(canonical);
+        }
+        let composition: Option<CompositionClient> = ctx.inject_optional(COMPOSITION)?;
+        let policy = Policy {
             sessions,
+            composition,
             default_mode,
             workspace_root: workspace_root.clone(),
             network: config.network,
+            writable_roots,
+            protected_paths: path_rules("protectedPaths", &config.protected_paths)?,
+            deny_read: path_rules("denyRead", &config.deny_read)?,
             families: Mutex::new(Families::default()),
-        }));
+        };
+        let fence = Fence::of(
+            &policy
+                .policy(SandboxMode::WorkspaceWrite, workspace_root.clone())
+                .unwrap_or_default(),
+        );
+        if let Some(c) = &policy.composition {
+            let state_dir = c.state_dir(())?;
+            let inside = std::iter::once(&workspace_root)
+                .chain(&policy.writable_roots)
+                .find(|r| !state_dir.as_os_str().is_empty() && is_within(&state_dir, r));
+            if let Some(root) = inside {
+                return Err(Error::new(
+                    codes::SANDBOX_STATE_DIR_WRITABLE,
+                    format!(
+                        "the state directory `{}` lies inside the writable root `{}`: a session \
+                         could rewrite its own log, and with it its sandbox mode",
+                        state_dir.display(),
+                        root.display()
+                    ),
+                )
+                .with_help("pass `--state-dir DIR` (or set CORDIS_STATE_DIR) to a directory outside the workspace"));
+            }
+        }
+        for why in &fence.left_out {
+            tracing::warn!("{why}");
+        }
+        let shared = PolicyHandle(Arc::new(policy));
         ctx.provide(SANDBOX_POLICY, SandboxPolicyClient::serve(shared.clone()))?;
         ctx.provide(
             POLICY_CONTEXT,

@@ -16,11 +16,23 @@ use serde::{Deserialize, Serialize};
 
 /// A file-effect mode. Wider order: read-only < workspace-write < danger-full-access.
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum SandboxMode {
-    /// No file modification.
+    /// No file modification (the fail-safe default).
+    #[default]
     ReadOnly,
     /// Modifications beneath the workspace root and the temp areas.
     WorkspaceWrite,
@@ -91,8 +103,11 @@ impl FromStr for SandboxMode {
     }
 }
 
-/// The full policy one call runs under: the effective mode and the workspace root.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// The full policy one call runs under: the effective mode, the workspace root, and what
+/// the policy owner adds to the fence (extra writable roots, protected paths, unreadable
+/// paths). Paths are canonical; an entry of `protected_paths` or `deny_read` holding a glob
+/// character (`*`, `?`, `[`, `{`) is a pattern (see [`PathSet`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxExecutionPolicy {
     /// The effective mode for this call.
@@ -103,26 +118,28 @@ pub struct SandboxExecutionPolicy {
     /// `danger-full-access` always may). Off by default.
     #[serde(default)]
     pub network: bool,
+    /// Writable roots besides the workspace root and the temp areas (canonical).
+    #[serde(default)]
+    pub writable_roots: Vec<PathBuf>,
+    /// Paths no call below `danger-full-access` may modify, even beneath a writable root:
+    /// what defines the running composition (manifest, plugin libraries and their
+    /// directories, the state directory) and the configured `protectedPaths`.
+    #[serde(default)]
+    pub protected_paths: Vec<PathBuf>,
+    /// Paths no call below `danger-full-access` may read (the configured `denyRead`).
+    #[serde(default)]
+    pub deny_read: Vec<PathBuf>,
 }
 
-/// The roots a `workspace-write` call may modify beneath: the workspace root, `/tmp` and
-/// the process temp dir, each canonicalized, deduplicated. The ONE source for every
-/// enforcing family (fs fence and shell runner), so they cannot drift.
+pub mod fence;
+pub use fence::{Fence, PathSet, GIT_PROTECTED};
+
+/// The roots a `workspace-write` call may modify beneath: the workspace root, the policy's
+/// extra roots, `/tmp` and the process temp dir when it may be one (see [`Fence::of`]),
+/// each canonicalized, deduplicated. The ONE source for every enforcing family (fs fence
+/// and shell runner), so they cannot drift.
 pub fn writable_roots(policy: &SandboxExecutionPolicy) -> Vec<PathBuf> {
-    let candidates = [
-        policy.workspace_root.clone(),
-        PathBuf::from("/tmp"),
-        std::env::temp_dir(),
-    ];
-    let mut roots: Vec<PathBuf> = Vec::new();
-    for c in candidates {
-        if let Ok(canon) = c.canonicalize() {
-            if !roots.contains(&canon) {
-                roots.push(canon);
-            }
-        }
-    }
-    roots
+    Fence::of(policy).writable_roots
 }
 
 /// Canonicalizes a path that may not exist yet: the deepest existing ancestor is resolved
@@ -340,8 +357,11 @@ pub struct EscalationAsk<'a> {
     pub requested: SandboxMode,
     /// The model's reason.
     pub justification: &'a str,
-    /// What the call would do, for the person.
+    /// What the call would do, in one line, for the person.
     pub summary: &'a str,
+    /// The whole request (the full command, the content or diff of a change); may span
+    /// lines.
+    pub detail: &'a str,
 }
 
 /// The minimal approver: tools adapt their approval service to this.
@@ -590,6 +610,7 @@ mod tests {
             requested,
             justification: "because",
             summary: "write /etc/x",
+            detail: "",
         };
         let yes = Fixed(ApproverDecision::Approved, Default::default());
         // Not wider: refused without asking.
@@ -671,6 +692,7 @@ mod tests {
             mode: SandboxMode::WorkspaceWrite,
             workspace_root: link,
             network: false,
+            ..Default::default()
         });
         assert_eq!(roots[0], tmp.path().canonicalize().unwrap());
         assert!(roots.contains(&PathBuf::from("/tmp").canonicalize().unwrap()));
@@ -706,6 +728,7 @@ mod tests {
             mode,
             workspace_root: "/w".into(),
             network: false,
+            ..Default::default()
         };
         let all = [
             escalation_hint(ReadOnly),

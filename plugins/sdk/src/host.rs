@@ -51,6 +51,23 @@ crate::interface! {
     }
 }
 
+/// The registry name of the host's description of the running composition.
+pub const COMPOSITION: &str = "composition";
+
+crate::interface! {
+    /// What the host knows about the composition it runs, for plugins that must protect it.
+    pub trait Composition as CompositionClient ("cordis.composition", 1) {
+        /// The canonical paths that define the running composition: the manifest, every
+        /// plugin library and the directories libraries are looked for in, the state
+        /// directory, and with `cordis run --dev` the plugin packages it rebuilds and their
+        /// target directory. Recomputed before every reload loads a library.
+        fn protected_paths(&self, unit: ()) -> Vec<std::path::PathBuf>;
+        /// The host's state directory (canonical): session logs, status files, library
+        /// copies.
+        fn state_dir(&self, unit: ()) -> std::path::PathBuf;
+    }
+}
+
 /// The registry name of the host's approval service.
 pub const APPROVAL: &str = "approval";
 
@@ -63,8 +80,13 @@ pub struct ApprovalRequest {
     pub call_id: String,
     /// The tool asking.
     pub tool: String,
-    /// What would be done, for the person deciding.
+    /// What would be done, in one line, for the person deciding.
     pub summary: String,
+    /// The whole request as the person must see it before deciding (the full command, the
+    /// content or diff of a write or edit); may span lines. Agent-supplied: the approver
+    /// shows it escaped and set apart, so it cannot forge the prompt's own lines.
+    #[serde(default)]
+    pub detail: String,
     /// Why the model says it needs it.
     pub justification: String,
 }

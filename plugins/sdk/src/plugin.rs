@@ -113,6 +113,11 @@ pub struct SessionInfo {
     pub id: String,
     /// The session's immutable, canonical working directory.
     pub cwd: PathBuf,
+    /// The identity of that directory when the session was created (device and inode), so
+    /// a consumer can check that `cwd` still names the same directory; `None` in logs
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd_id: Option<(u64, u64)>,
 }
 
 /// Everything a tool call knows besides its arguments.

@@ -59,8 +59,10 @@ pub enum Stage {
     ReadOnlyRoot,
     /// Binding a writable root read-write.
     WritableRoot,
-    /// Re-binding a protected path read-only.
+    /// Re-binding a protected path read-only (or pinning a directory above one).
     ProtectedPath,
+    /// Hiding a path the policy denies reading.
+    DenyRead,
     /// Building the minimal `/dev`.
     Dev,
     /// Bringing up the namespace's loopback interface.
@@ -80,7 +82,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    const ALL: [Stage; 15] = [
+    const ALL: [Stage; 16] = [
         Stage::Session,
         Stage::Namespaces,
         Stage::IdMap,
@@ -88,6 +90,7 @@ impl Stage {
         Stage::ReadOnlyRoot,
         Stage::WritableRoot,
         Stage::ProtectedPath,
+        Stage::DenyRead,
         Stage::Dev,
         Stage::Loopback,
         Stage::Fork,
@@ -112,6 +115,7 @@ impl Stage {
             Stage::ReadOnlyRoot => "making the root file system read-only",
             Stage::WritableRoot => "binding a writable root read-write",
             Stage::ProtectedPath => "re-binding a protected path read-only",
+            Stage::DenyRead => "hiding a path the policy denies reading",
             Stage::Dev => "building the minimal /dev (tmpfs, device binds, devpts)",
             Stage::Loopback => "bringing up the loopback interface of the network namespace",
             Stage::Fork => "forking",
@@ -133,6 +137,7 @@ impl Stage {
             | Stage::ReadOnlyRoot
             | Stage::WritableRoot
             | Stage::ProtectedPath
+            | Stage::DenyRead
             | Stage::Dev
             | Stage::Proc => {
                 "run on Linux 5.12 or newer (new mount API and `mount_setattr`), outside a container that masks /proc or forbids mounts in user namespaces; check that every writable root exists"
@@ -157,8 +162,15 @@ pub(crate) struct SandboxSpec {
     pub gid_map: CString,
     /// Directories bound read-write on the read-only root, outermost first.
     pub writable: Vec<CString>,
-    /// Paths re-bound read-only on top of the writable roots.
+    /// Directories between a writable root and a protected path, bound onto themselves
+    /// (a mount point cannot be renamed), outermost first.
+    pub pinned: Vec<CString>,
+    /// Paths re-bound read-only on top of the writable roots, outermost first.
     pub protected: Vec<CString>,
+    /// Directories hidden under an empty read-only tmpfs (unreadable by policy).
+    pub hidden_dirs: Vec<CString>,
+    /// Files hidden under `/dev/null` (unreadable by policy).
+    pub hidden_files: Vec<CString>,
     /// The working directory, entered again inside the new view.
     pub cwd: CString,
     /// Network on: no network namespace and no socket filter.
@@ -600,6 +612,12 @@ unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd) {
         check(report, Stage::WritableRoot, move_mount(*fd, root));
         libc::close(*fd);
     }
+    for path in &spec.pinned {
+        let fd = open_tree(path, true);
+        check(report, Stage::ProtectedPath, fd as _);
+        check(report, Stage::ProtectedPath, move_mount(fd, path));
+        libc::close(fd);
+    }
     for path in &spec.protected {
         let fd = open_tree(path, true);
         check(report, Stage::ProtectedPath, fd as _);
@@ -609,6 +627,31 @@ unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd) {
             read_only(fd, c"", libc::AT_EMPTY_PATH | libc::AT_RECURSIVE),
         );
         check(report, Stage::ProtectedPath, move_mount(fd, path));
+        libc::close(fd);
+    }
+    for dir in &spec.hidden_dirs {
+        check(
+            report,
+            Stage::DenyRead,
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                dir.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=0,mode=0555".as_ptr().cast(),
+            ) as _,
+        );
+    }
+    for file in &spec.hidden_files {
+        // The view's own /dev/null (bound from the host's by `build_dev`).
+        let fd = open_tree(c"/dev/null", false);
+        check(report, Stage::DenyRead, fd as _);
+        check(
+            report,
+            Stage::DenyRead,
+            read_only(fd, c"", libc::AT_EMPTY_PATH),
+        );
+        check(report, Stage::DenyRead, move_mount(fd, file));
         libc::close(fd);
     }
     if !spec.network {

@@ -17,7 +17,9 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use dsh_sandbox::{denial_marker, writable_roots, SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{
+    denial_marker, is_within, writable_roots, Fence, PathSet, SandboxExecutionPolicy, SandboxMode,
+};
 use dsh_shell_api::ExecResult;
 use landlock::{
     AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, PathFdError, Ruleset,
@@ -75,6 +77,14 @@ pub enum ConfineError {
         /// The path.
         path: PathBuf,
     },
+    /// A pattern of the policy needed a walk of more entries than one command may cost.
+    #[error("matching the policy's patterns beneath `{}` visited more than {visited} entries", root.display())]
+    TooManyEntries {
+        /// Where the walk was.
+        root: PathBuf,
+        /// How many entries it visited before it stopped.
+        visited: usize,
+    },
     /// More writable roots and protected paths than one view binds.
     #[error("{count} writable roots and protected paths; a sandbox binds at most {MAX_BINDS}")]
     TooManyBinds {
@@ -107,6 +117,9 @@ impl ConfineError {
                     .to_string()
             }
             ConfineError::BadPath { .. } => "use paths without NUL bytes".to_string(),
+            ConfineError::TooManyEntries { .. } => {
+                "list exact paths in `protectedPaths` and `denyRead` instead of patterns, or use them in a smaller workspace".to_string()
+            }
             ConfineError::TooManyBinds { .. } => {
                 format!("protect fewer paths (at most {MAX_BINDS} binds in all)")
             }
@@ -136,29 +149,77 @@ fn c_path(path: &Path) -> Result<CString, ConfineError> {
 }
 
 impl Confinement {
-    /// Prepares the confinement for `policy`; `None` for `danger-full-access`.
+    /// Prepares the confinement for `policy`; `None` for `danger-full-access`. The mount
+    /// view follows the policy's [`Fence`]: the writable roots read-write; beneath them
+    /// every protected path read-only again, and every directory between a root and a
+    /// protected path pinned (bound onto itself, so it cannot be renamed away and replaced);
+    /// every path the policy denies reading hidden (an empty read-only directory, or
+    /// `/dev/null` for a file). Patterns are matched against the workspace when the command
+    /// starts.
     pub fn prepare(policy: &SandboxExecutionPolicy) -> Result<Option<Confinement>, ConfineError> {
-        Confinement::prepare_protecting(policy, &[])
-    }
-
-    /// As [`Confinement::prepare`], with `protected` paths re-bound read-only on top of the
-    /// writable roots (those that do not exist are skipped).
-    pub fn prepare_protecting(
-        policy: &SandboxExecutionPolicy,
-        protected: &[PathBuf],
-    ) -> Result<Option<Confinement>, ConfineError> {
         let Some(roots) = granted_write_roots(policy) else {
             return Ok(None);
         };
+        let fence = Fence::of(policy);
         let landlock = landlock_ruleset(&roots)?;
         let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
         // Outermost first, so an inner root is bound on top of the outer one.
         writable.sort_by_key(|r| r.components().count());
-        let protected: Vec<&PathBuf> = protected.iter().filter(|p| p.exists()).collect();
-        let count = writable.len() + protected.len();
+        let expand = |set: &PathSet, root: &Path| {
+            set.expand_beneath(root)
+                .map_err(|visited| ConfineError::TooManyEntries {
+                    root: root.to_path_buf(),
+                    visited,
+                })
+        };
+        let mut protected: Vec<PathBuf> = Vec::new();
+        let mut pinned: Vec<PathBuf> = Vec::new();
+        for root in &writable {
+            for path in expand(&fence.protected, root)? {
+                // A symlink is protected where it leads; outside the root it is read-only.
+                let Ok(path) = path.canonicalize() else {
+                    continue;
+                };
+                if !is_within(&path, root) {
+                    continue;
+                }
+                pinned.extend(
+                    path.ancestors()
+                        .skip(1)
+                        .take_while(|a| *a != root.as_path() && is_within(a, root))
+                        .map(Path::to_path_buf),
+                );
+                protected.push(path);
+            }
+        }
+        let mut hidden: Vec<PathBuf> = fence
+            .deny_read
+            .paths
+            .iter()
+            .filter(|p| p.symlink_metadata().is_ok())
+            .cloned()
+            .collect();
+        if policy.workspace_root.is_dir() {
+            hidden.extend(expand(&fence.deny_read, &policy.workspace_root)?);
+        }
+        for list in [&mut protected, &mut pinned, &mut hidden] {
+            list.sort_by_key(|p| p.components().count());
+            list.dedup();
+        }
+        let count = writable.len() + protected.len() + pinned.len() + hidden.len();
         if count > MAX_BINDS {
             return Err(ConfineError::TooManyBinds { count });
         }
+        let c_paths = |paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| c_path(p))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (hidden_dirs, hidden_files): (Vec<PathBuf>, Vec<PathBuf>) = hidden
+            .into_iter()
+            .filter_map(|p| p.canonicalize().ok())
+            .partition(|p| p.is_dir());
         // SAFETY: plain system calls without arguments.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let map = |id: u32| CString::new(format!("{id} {id} 1\n")).expect("no NUL in digits");
@@ -170,10 +231,10 @@ impl Confinement {
                     .into_iter()
                     .map(|p| c_path(p))
                     .collect::<Result<_, _>>()?,
-                protected: protected
-                    .into_iter()
-                    .map(|p| c_path(p))
-                    .collect::<Result<_, _>>()?,
+                pinned: c_paths(&pinned)?,
+                protected: c_paths(&protected)?,
+                hidden_dirs: c_paths(&hidden_dirs)?,
+                hidden_files: c_paths(&hidden_files)?,
                 cwd: CString::default(),
                 network: policy.network,
                 landlock,
@@ -305,6 +366,7 @@ mod tests {
             mode,
             workspace_root: root.to_path_buf(),
             network: false,
+            ..Default::default()
         }
     }
 
@@ -362,14 +424,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(&ws);
         std::fs::create_dir_all(ws.join("guarded")).unwrap();
         let ws = ws.canonicalize().unwrap();
-        std::fs::write(ws.join("cordis.yml"), "original\n").unwrap();
-        let protected = [ws.join("cordis.yml"), ws.join("guarded"), ws.join("absent")];
-        let confinement =
-            Confinement::prepare_protecting(&policy(SandboxMode::WorkspaceWrite, &ws), &protected)
-                .unwrap();
+        std::fs::create_dir_all(ws.join("conf")).unwrap();
+        std::fs::write(ws.join("conf/cordis.yml"), "original\n").unwrap();
+        let protected = vec![
+            ws.join("conf/cordis.yml"),
+            ws.join("guarded"),
+            ws.join("absent"),
+        ];
+        let confinement = Confinement::prepare(&SandboxExecutionPolicy {
+            protected_paths: protected,
+            ..policy(SandboxMode::WorkspaceWrite, &ws)
+        })
+        .unwrap();
         let req = ExecRequest {
-            command: "echo evil > cordis.yml; touch guarded/new; rm cordis.yml; echo ok > free.txt"
-                .into(),
+            command:
+                "cd conf; echo evil > cordis.yml; touch ../guarded/new; rm cordis.yml; cd ..; \
+                      mv conf conf2; echo ok > free.txt"
+                    .into(),
             cwd: ws.clone(),
             env: vec![],
             timeout_ms: Some(10_000),
@@ -379,10 +450,11 @@ mod tests {
         };
         let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         assert_eq!(
-            std::fs::read_to_string(ws.join("cordis.yml")).unwrap(),
+            std::fs::read_to_string(ws.join("conf/cordis.yml")).unwrap(),
             "original\n",
             "{r:?}"
         );
+        assert!(r.stderr.contains("Device or resource busy"), "{r:?}");
         assert!(!ws.join("guarded/new").exists(), "{r:?}");
         assert_eq!(
             std::fs::read_to_string(ws.join("free.txt")).unwrap(),

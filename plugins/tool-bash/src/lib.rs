@@ -12,7 +12,8 @@ use dsh_sandbox::{SandboxPolicyClient, SANDBOX_POLICY};
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, DEFAULT_TIMEOUT_MS, SHELL};
 use dsh_tool_core::args::BashArgs;
 use dsh_tool_core::{
-    backend_error, denial, one_line, register, resolve_path, CallArgs, CallPolicy, Escalating, Step,
+    backend_error, denial, register, resolve_path, CallArgs, CallPolicy, Described, Escalating,
+    Step,
 };
 
 /// The config: none; the policy comes from `sandboxPolicy`.
@@ -57,8 +58,9 @@ impl BashTool {
         };
         let policy = self
             .calls
-            .for_call("bash", call, args.escalation.as_ref(), || {
-                format!("run `{}` in {}", one_line(&command, 160), cwd.display())
+            .for_call("bash", call, args.escalation.as_ref(), |_| Described {
+                summary: format!("run a command in {}", cwd.display()),
+                detail: command.clone(),
             })?;
         let mode = policy.mode;
         let mut result = self

@@ -227,7 +227,55 @@ pub fn resolve_path(cwd: &Path, field: &str, raw: &str) -> Decoded<PathBuf> {
     })
 }
 
-/// Collapses `text` to one line of at most `max` characters (for approval summaries).
+/// What an escalating call would do, for the person asked to approve it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Described {
+    /// One line (the approver escapes what could break it).
+    pub summary: String,
+    /// The whole request: the full command, the diff or content of a change. Never cut
+    /// below [`DETAIL_MAX_BYTES`].
+    pub detail: String,
+}
+
+/// The most bytes of a change an approval shows whole; a larger one shows its first
+/// and last parts and says how much lies between.
+pub const DETAIL_MAX_BYTES: usize = 24 * 1024;
+
+/// `text` whole when it fits in `max` bytes; else its first two thirds and last third of
+/// `max`, cut at character boundaries, with the size of what lies between.
+pub fn head_and_tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let floor = |mut i: usize| {
+        while !text.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let head = floor(max * 2 / 3);
+    let tail = floor(text.len() - max / 3);
+    format!(
+        "{}\n[… {} of {} bytes not shown …]\n{}",
+        &text[..head],
+        tail - head,
+        text.len(),
+        &text[tail..]
+    )
+}
+
+/// A unified diff from `old` to `new` of the file `path` (capped as [`head_and_tail`]).
+pub fn unified_diff(path: &Path, old: &str, new: &str) -> String {
+    let name = path.display().to_string();
+    let diff = similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(&name, &name)
+        .to_string();
+    head_and_tail(&diff, DETAIL_MAX_BYTES)
+}
+
+/// Collapses `text` to one line of at most `max` characters (for short labels).
 pub fn one_line(text: &str, max: usize) -> String {
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.chars().count() <= max {
@@ -253,6 +301,7 @@ impl EscalationApprover for ApprovalAdapter<'_> {
                 "{} (sandbox: {} → {}, this call only)",
                 ask.summary, ask.current, ask.requested
             ),
+            detail: ask.detail.to_string(),
             justification: ask.justification.to_string(),
         };
         match self.client.request(request) {
@@ -281,25 +330,27 @@ impl CallPolicy {
     /// The policy `call` runs under, resolved fresh for the calling session. With an
     /// escalation request, the approval flow runs first: a grant resolves the same session
     /// with the granted mode (same root, no session event); anything else is the fixed
-    /// fail-closed text as an error result. `summary` says what the call would do.
+    /// fail-closed text as an error result. `describe` says what the call would do under
+    /// the session's policy.
     pub fn for_call(
         &self,
         tool: &str,
         call: &CallContext,
         escalation: Option<&EscalationParams>,
-        summary: impl FnOnce() -> String,
+        describe: impl FnOnce(&SandboxExecutionPolicy) -> Described,
     ) -> Step<SandboxExecutionPolicy> {
         let session = self.resolve(call, None)?;
         let Some(escalation) = escalation else {
             return Ok(session);
         };
-        let summary = summary();
+        let described = describe(&session);
         let ask = EscalationAsk {
             tool,
             current: session.mode,
             requested: escalation.mode,
             justification: &escalation.justification,
-            summary: &summary,
+            summary: &described.summary,
+            detail: &described.detail,
         };
         let adapter = self
             .approval
@@ -336,7 +387,11 @@ impl CallPolicy {
                         call.session.id, e.message
                     ),
                 )
-                .with_help("check the `dsh-sandbox-policy` entry in cordis.yml")
+                .with_help(
+                    e.help.clone().unwrap_or_else(|| {
+                        "check the `dsh-sandbox-policy` entry in cordis.yml".into()
+                    }),
+                )
             })
     }
 }

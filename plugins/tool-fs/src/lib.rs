@@ -15,10 +15,13 @@ use dsh_fs_api::{
     codes, line_cut_marker, Cut, EditText, FileSystem, FsClient, Kind, Lines, ListDir, ReadCaps,
     ReadLines, WriteText, FS,
 };
-use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode, SandboxPolicyClient, SANDBOX_POLICY};
+use dsh_sandbox::{
+    Fence, SandboxExecutionPolicy, SandboxMode, SandboxPolicyClient, SANDBOX_POLICY,
+};
 use dsh_tool_core::args::{EditArgs, ListArgs, ReadArgs, WriteArgs};
 use dsh_tool_core::{
-    denial, one_line, register, resolve_path, CallArgs, CallPolicy, Escalating, Step, Stop,
+    denial, head_and_tail, register, resolve_path, unified_diff, CallArgs, CallPolicy, Described,
+    Escalating, Step, Stop, DETAIL_MAX_BYTES,
 };
 
 /// The config under `config:` in `cordis.yml`: the caps of one `read` (the policy comes
@@ -111,6 +114,20 @@ impl FsTools {
         dsh_tool_core::backend_error(e)
     }
 
+    /// For an approval: says so when `path` is protected under `policy`.
+    fn protected_note(&self, policy: &SandboxExecutionPolicy, path: &Path) -> String {
+        let canonical = self
+            .fs
+            .resolve(path.to_path_buf())
+            .unwrap_or(path.to_path_buf());
+        match Fence::of(policy).protected.covering(&canonical) {
+            Some(rule) => format!(
+                " — PROTECTED: `{rule}` defines the running composition or the policy protects it"
+            ),
+            None => String::new(),
+        }
+    }
+
     fn read(&self, call: &CallContext, args: CallArgs<ReadArgs>) -> Step<ToolResult> {
         let ReadArgs {
             path,
@@ -127,6 +144,9 @@ impl FsTools {
             );
         }
         let first = offset.unwrap_or(1);
+        let policy = self
+            .calls
+            .for_call("read", call, None, |_| Described::default())?;
         let lines = self
             .fs
             .read_lines(ReadLines {
@@ -134,8 +154,9 @@ impl FsTools {
                 offset: first,
                 limit,
                 caps: self.read_caps,
+                policy: Some(policy.clone()),
             })
-            .map_err(|e| self.fs_error(e, None))?;
+            .map_err(|e| self.fs_error(e, Some(&policy)))?;
         if lines.count == 0 && first > 1 {
             return Err(bad(format!(
                 "`offset` {first} is past the end of `{}`, which has {} lines",
@@ -157,8 +178,27 @@ impl FsTools {
         let path = resolve_path(&call.session.cwd, "path", &path)?;
         let policy = self
             .calls
-            .for_call("write", call, args.escalation.as_ref(), || {
-                format!("write {} bytes to {}", content.len(), path.display())
+            .for_call("write", call, args.escalation.as_ref(), |policy| {
+                Described {
+                    summary: format!(
+                        "write {} bytes to {}{}",
+                        content.len(),
+                        path.display(),
+                        self.protected_note(policy, &path)
+                    ),
+                    detail: match self.fs.read_text(path.clone()) {
+                        Ok(old) => unified_diff(&path, &old, &content),
+                        Err(e) if e.code == codes::FS_NOT_FOUND => format!(
+                            "new file, content:\n{}",
+                            head_and_tail(&content, DETAIL_MAX_BYTES)
+                        ),
+                        Err(e) => format!(
+                            "the current file cannot be shown ({}); new content:\n{}",
+                            e.message,
+                            head_and_tail(&content, DETAIL_MAX_BYTES)
+                        ),
+                    },
+                }
             })?;
         let note = escalated_note(args.escalation.is_some(), &policy);
         let written = self
@@ -195,14 +235,27 @@ impl FsTools {
         }
         let policy = self
             .calls
-            .for_call("edit", call, args.escalation.as_ref(), || {
-                format!(
-                    "edit {}: replace {} {:?} with {:?}",
+            .for_call("edit", call, args.escalation.as_ref(), |policy| Described {
+                summary: format!(
+                    "edit {}: replace {} occurrence{}",
                     path.display(),
                     if replace_all { "every" } else { "one" },
-                    one_line(&old_string, 60),
-                    one_line(&new_string, 60)
-                )
+                    self.protected_note(policy, &path)
+                ),
+                detail: match self.fs.read_text(path.clone()) {
+                    Ok(old) if old.contains(&old_string) => {
+                        let new = if replace_all {
+                            old.replace(&old_string, &new_string)
+                        } else {
+                            old.replacen(&old_string, &new_string, 1)
+                        };
+                        unified_diff(&path, &old, &new)
+                    }
+                    _ => head_and_tail(
+                        &format!("replace:\n{old_string}\nwith:\n{new_string}"),
+                        DETAIL_MAX_BYTES,
+                    ),
+                },
             })?;
         let note = escalated_note(args.escalation.is_some(), &policy);
         let edited = self
@@ -225,13 +278,17 @@ impl FsTools {
 
     fn list(&self, call: &CallContext, args: CallArgs<ListArgs>) -> Step<ToolResult> {
         let path: PathBuf = resolve_path(&call.session.cwd, "path", &args.args.path)?;
+        let policy = self
+            .calls
+            .for_call("list", call, None, |_| Described::default())?;
         let listing = self
             .fs
             .list_dir(ListDir {
                 path: path.clone(),
                 max_entries: self.list_max_entries,
+                policy: Some(policy.clone()),
             })
-            .map_err(|e| self.fs_error(e, None))?;
+            .map_err(|e| self.fs_error(e, Some(&policy)))?;
         if listing.entries.is_empty() {
             return Ok(ToolResult::ok(format!("{} is empty", display_dir(&path))));
         }

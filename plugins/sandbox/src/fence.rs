@@ -1,0 +1,318 @@
+//! The fence of one call, computed from its policy: where it may write, what it may never
+//! modify, what it may never read. Every enforcing family (the fs fence, the shell's mount
+//! view) asks [`Fence::of`], so they cannot drift.
+
+use std::path::{Path, PathBuf};
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+
+use crate::{is_within, SandboxExecutionPolicy};
+
+/// Paths beneath every writable root that stay read-only (as Codex does): a hook or a
+/// config line planted there runs the agent's code the next time a person uses git.
+/// Not all of `.git`: commits must keep working.
+pub const GIT_PROTECTED: [&str; 2] = [".git/hooks", ".git/config"];
+
+/// The most directory entries one glob expansion visits ([`PathSet::expand_beneath`]).
+pub const EXPAND_BUDGET: usize = 50_000;
+
+/// A set of paths and glob patterns; a path is covered when it or one of its ancestors is
+/// one of the paths or matches one of the patterns. A pattern is matched against the whole
+/// canonical path, `*` never crossing a `/` and `**` crossing any number: `**/.env`
+/// covers every `.env`, `/home/me/.ssh` is a plain path.
+#[derive(Clone, Debug, Default)]
+pub struct PathSet {
+    /// The plain paths (canonical).
+    pub paths: Vec<PathBuf>,
+    /// The patterns, as written.
+    pub patterns: Vec<String>,
+    set: GlobSet,
+}
+
+/// Whether a configured entry is a glob pattern rather than a path.
+pub fn is_pattern(path: &Path) -> bool {
+    path.to_string_lossy().contains(['*', '?', '[', '{'])
+}
+
+impl PathSet {
+    /// The set of `entries`; a pattern that does not compile is kept as a plain path (the
+    /// policy owner rejects such patterns in its config, so only a hand-built policy can
+    /// hold one).
+    pub fn new(entries: impl IntoIterator<Item = PathBuf>) -> PathSet {
+        let mut out = PathSet::default();
+        let mut builder = GlobSetBuilder::new();
+        for entry in entries {
+            let text = entry.to_string_lossy().into_owned();
+            if is_pattern(&entry) {
+                if let Ok(glob) = compile(&text) {
+                    builder.add(glob);
+                    out.patterns.push(text);
+                    continue;
+                }
+            }
+            if !out.paths.contains(&entry) {
+                out.paths.push(entry);
+            }
+        }
+        out.set = builder.build().unwrap_or_default();
+        out
+    }
+
+    /// Nothing in the set.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty() && self.patterns.is_empty()
+    }
+
+    /// The entry (path or pattern) that covers the canonical `path`, if any.
+    pub fn covering(&self, path: &Path) -> Option<String> {
+        if let Some(p) = self.paths.iter().find(|p| is_within(path, p)) {
+            return Some(p.display().to_string());
+        }
+        if self.patterns.is_empty() {
+            return None;
+        }
+        path.ancestors()
+            .find_map(|a| self.set.matches(a).first().copied())
+            .map(|i| self.patterns[i].clone())
+    }
+
+    /// The existing paths beneath `root` this set covers, outermost only (what a mount view
+    /// must hide or re-bind): its plain paths inside `root`, then what its patterns match in
+    /// a walk of `root` (symlinks not followed, a matched directory not entered). `Err` with
+    /// the number of entries visited when the walk passes [`EXPAND_BUDGET`].
+    pub fn expand_beneath(&self, root: &Path) -> Result<Vec<PathBuf>, usize> {
+        let mut out: Vec<PathBuf> = self
+            .paths
+            .iter()
+            .filter(|p| is_within(p, root) && p.symlink_metadata().is_ok())
+            .cloned()
+            .collect();
+        if !self.patterns.is_empty() {
+            let mut visited = 0;
+            let mut stack = vec![root.to_path_buf()];
+            while let Some(dir) = stack.pop() {
+                let Ok(read) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in read.flatten() {
+                    visited += 1;
+                    if visited > EXPAND_BUDGET {
+                        return Err(visited);
+                    }
+                    let path = entry.path();
+                    if self.set.is_match(&path) {
+                        out.push(path);
+                    } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(path);
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        let outermost: Vec<PathBuf> = out
+            .iter()
+            .filter(|p| !out.iter().any(|q| q != *p && is_within(p, q)))
+            .cloned()
+            .collect();
+        Ok(outermost)
+    }
+}
+
+fn compile(pattern: &str) -> Result<globset::Glob, globset::Error> {
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+}
+
+/// Checks a configured pattern: the error says what is wrong with it.
+pub fn check_pattern(pattern: &str) -> Result<(), String> {
+    compile(pattern).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// One call's fence.
+#[derive(Clone, Debug, Default)]
+pub struct Fence {
+    /// Where a `workspace-write` call may modify: canonical, deduplicated, the workspace
+    /// root first.
+    pub writable_roots: Vec<PathBuf>,
+    /// What no call below `danger-full-access` may modify: the policy's protected paths
+    /// and, beneath every writable root, [`GIT_PROTECTED`].
+    pub protected: PathSet,
+    /// What no call below `danger-full-access` may read.
+    pub deny_read: PathSet,
+    /// Candidate roots left out, each with the reason (for the start-up log).
+    pub left_out: Vec<String>,
+}
+
+impl Fence {
+    /// The fence of `policy`. The writable roots are the workspace root, the policy's extra
+    /// roots and `/tmp` (each canonicalized, dropped when missing), and the process temp
+    /// dir (`TMPDIR`) only when it is not `/`, not `$HOME` or an ancestor of it, and holds
+    /// none of the protected paths: a temp dir that would make the host's own files
+    /// writable is left out, and [`Fence::left_out`] says why.
+    pub fn of(policy: &SandboxExecutionPolicy) -> Fence {
+        let mut fence = Fence::default();
+        let add = |p: &Path, roots: &mut Vec<PathBuf>| {
+            if let Ok(canon) = p.canonicalize() {
+                if !roots.contains(&canon) {
+                    roots.push(canon);
+                }
+            }
+        };
+        let mut roots = Vec::new();
+        add(&policy.workspace_root, &mut roots);
+        for r in &policy.writable_roots {
+            add(r, &mut roots);
+        }
+        add(Path::new("/tmp"), &mut roots);
+        let temp = std::env::temp_dir();
+        let already = temp.canonicalize().is_ok_and(|t| roots.contains(&t));
+        match temp_dir_refusal(&temp, &policy.protected_paths) {
+            _ if already => {}
+            Some(why) => fence.left_out.push(format!(
+                "the temp dir `{}` (TMPDIR) is not a writable root: {why}",
+                temp.display()
+            )),
+            None => add(&temp, &mut roots),
+        }
+        let mut protected: Vec<PathBuf> = policy.protected_paths.clone();
+        for root in &roots {
+            protected.extend(GIT_PROTECTED.iter().map(|p| root.join(p)));
+        }
+        fence.writable_roots = roots;
+        fence.protected = PathSet::new(protected);
+        fence.deny_read = PathSet::new(policy.deny_read.iter().cloned());
+        fence
+    }
+}
+
+/// Why `temp` may not be a writable root, if it may not.
+fn temp_dir_refusal(temp: &Path, protected: &[PathBuf]) -> Option<String> {
+    let Ok(temp) = temp.canonicalize() else {
+        return Some("it does not exist".to_string());
+    };
+    if temp == Path::new("/") {
+        return Some("it is `/`, the whole file system".to_string());
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .and_then(|h| PathBuf::from(h).canonicalize().ok());
+    if let Some(home) = home.filter(|h| is_within(h, &temp)) {
+        return Some(format!(
+            "it is the home directory `{}` or holds it",
+            home.display()
+        ));
+    }
+    if let Some(p) = protected
+        .iter()
+        .find(|p| !is_pattern(p) && is_within(p, &temp))
+    {
+        return Some(format!("it holds the protected path `{}`", p.display()));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_cover_paths_beneath_and_patterns_anywhere() {
+        let set = PathSet::new(
+            ["/h/.ssh", "**/.env", "/w/*.key", "/w/[bad"]
+                .into_iter()
+                .map(PathBuf::from),
+        );
+        assert_eq!(
+            set.covering(Path::new("/h/.ssh/id")).as_deref(),
+            Some("/h/.ssh")
+        );
+        assert_eq!(set.covering(Path::new("/h/.sshx")), None);
+        assert_eq!(
+            set.covering(Path::new("/a/b/.env")).as_deref(),
+            Some("**/.env")
+        );
+        assert_eq!(
+            set.covering(Path::new("/a/.env/x")).as_deref(),
+            Some("**/.env")
+        );
+        assert_eq!(set.covering(Path::new("/a/b/.envrc")), None);
+        assert_eq!(
+            set.covering(Path::new("/w/a.key")).as_deref(),
+            Some("/w/*.key")
+        );
+        assert_eq!(set.covering(Path::new("/w/d/a.key")), None);
+        // A pattern that does not compile is a plain path: nothing is silently dropped.
+        assert_eq!(
+            set.covering(Path::new("/w/[bad/x")).as_deref(),
+            Some("/w/[bad")
+        );
+    }
+
+    #[test]
+    fn expansion_finds_outermost_matches_and_is_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        for d in ["a/.env", "b/c"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("a/.env/inner.env"), "").unwrap();
+        std::fs::write(root.join("b/c/.env"), "").unwrap();
+        std::os::unix::fs::symlink("/", root.join("b/up")).unwrap();
+        let set = PathSet::new([
+            PathBuf::from("**/.env"),
+            root.join("b/c"),
+            root.join("gone"),
+        ]);
+        assert_eq!(
+            set.expand_beneath(&root),
+            Ok(vec![root.join("a/.env"), root.join("b/c")])
+        );
+        for i in 0..=EXPAND_BUDGET {
+            if i % 1000 == 0 {
+                std::fs::create_dir_all(root.join(format!("many/{i}"))).unwrap();
+            }
+            std::fs::write(root.join(format!("many/{}/{i}", i / 1000 * 1000)), "").unwrap();
+        }
+        assert!(set.expand_beneath(&root).is_err());
+    }
+
+    #[test]
+    fn git_internals_are_protected_beneath_every_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().canonicalize().unwrap();
+        let fence = Fence::of(&SandboxExecutionPolicy {
+            mode: crate::SandboxMode::WorkspaceWrite,
+            workspace_root: ws.clone(),
+            ..Default::default()
+        });
+        assert!(fence
+            .protected
+            .covering(&ws.join(".git/hooks/pre-commit"))
+            .is_some());
+        assert!(fence.protected.covering(&ws.join(".git/config")).is_some());
+        assert!(fence
+            .protected
+            .covering(&ws.join(".git/objects/ab"))
+            .is_none());
+        assert!(fence.protected.covering(&ws.join("src/main.rs")).is_none());
+    }
+
+    #[test]
+    fn a_temp_dir_that_would_swallow_the_host_is_left_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().canonicalize().unwrap().join("home");
+        std::fs::create_dir_all(home.join("ws")).unwrap();
+        let protected = [home.join("ws/cordis.yml")];
+        assert!(temp_dir_refusal(Path::new("/"), &[])
+            .unwrap()
+            .contains("whole file system"));
+        assert!(temp_dir_refusal(&home.join("missing"), &[]).is_some());
+        assert!(temp_dir_refusal(&home.join("ws"), &protected)
+            .unwrap()
+            .contains("cordis.yml"));
+        assert_eq!(temp_dir_refusal(&home.join("ws"), &[]), None);
+    }
+}
