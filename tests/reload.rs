@@ -527,24 +527,26 @@ fn cordis_run_watches_and_reloads_a_rebuilt_plugin_and_an_edited_manifest() {
     );
 
     s.manifest("- name: fixture-reload\n  config:\n    greeting: hi\n- name: cordis-example\n");
+    // The swap is visible to `tools/list` just before the reload's listeners send the
+    // notification: wait for both, each within the deadline.
     eventually(
-        "the manifest edit is picked up",
+        "the manifest edit is picked up and announced",
         Duration::from_secs(20),
         || {
             let names = tool_names(&mut mcp);
-            if names.iter().any(|n| n == "greet") {
+            let announced = mcp
+                .notifications
+                .iter()
+                .any(|n| n == "notifications/tools/list_changed");
+            if names.iter().any(|n| n == "greet") && announced {
                 Ok(())
             } else {
-                Err(format!("{names:?}"))
+                Err(format!(
+                    "tools {names:?}; notifications {:?}",
+                    mcp.notifications
+                ))
             }
         },
-    );
-    assert!(
-        mcp.notifications
-            .iter()
-            .any(|n| n == "notifications/tools/list_changed"),
-        "no tools/list_changed notification: {:?}",
-        mcp.notifications
     );
     let third = running_services(&s, |r| r.contains(", 2 reloads\n"));
     assert!(
