@@ -533,47 +533,16 @@ fn a_cancelled_command_is_killed_within_a_second() {
 
 #[test]
 fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
-    let scratch = Scratch::new();
-    let layout = Layout::new();
-    let manifest = scratch.manifest(&format!(
-        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n",
-        layout.ws.display()
-    ));
-    let marker = layout.ws.join("ran.txt");
-    let args = format!(r#"{{"command": "echo ran > '{}'"}}"#, marker.display());
-    let call = |broken: bool| {
-        let manifest = manifest.to_str().expect("UTF-8 path");
-        let mut cmd = scratch.cordis(&["call", "-c", manifest, "bash", &args]);
-        cmd.current_dir(&layout.ws);
-        if broken {
-            // The kernel answers `unshare` with EPERM, as with user namespaces disabled.
-            cordis_e2e::refuse_syscall(&mut cmd, libc::SYS_unshare, libc::EPERM);
-        }
-        cmd.output().expect("spawn cordis call")
-    };
-    let out = call(true);
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    // The kernel answers `unshare` with EPERM, as with user namespaces disabled.
+    cordis_e2e::assert_refused_setup_runs_nothing(
+        &Layout::new().ws,
+        libc::SYS_unshare,
+        libc::EPERM,
+        &[
+            "SHELL_SANDBOX_UNAVAILABLE",
+            "creating the user, mount, pid, ipc and network namespaces failed",
+            "Operation not permitted",
+            "unprivileged user namespaces",
+        ],
     );
-    assert_eq!(out.status.code(), Some(1), "{said}");
-    for needle in [
-        "SHELL_SANDBOX_UNAVAILABLE",
-        "creating the user, mount, pid, ipc and network namespaces failed",
-        "Operation not permitted",
-        "unprivileged user namespaces",
-    ] {
-        assert!(said.contains(needle), "missing {needle:?} in:\n{said}");
-    }
-    assert!(!marker.exists(), "the command ran without its sandbox");
-    // The control: the same call without the filter runs, confined.
-    let out = call(false);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(std::fs::read_to_string(&marker).expect("ran"), "ran\n");
 }

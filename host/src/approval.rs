@@ -104,8 +104,7 @@ pub fn escape_line(text: &str) -> String {
                     c,
                     '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
                 )
-                || ('\u{202a}'..='\u{202e}').contains(&c)
-                || ('\u{2066}'..='\u{2069}').contains(&c) =>
+                || crate::diag::hostile(c) =>
             {
                 out.push_str(&format!("\\u{{{:x}}}", c as u32));
             }

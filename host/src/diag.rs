@@ -236,17 +236,19 @@ fn snippet_span(source: &str, pos: Pos) -> Option<(Cow<'_, str>, std::ops::Range
     Some((line, span))
 }
 
-/// `text` with what a terminal could take as a command replaced by `\u{FFFD}`, one
-/// character for one (so character columns still hold): the C1 controls (U+0080–U+009F,
-/// among them the one-character CSI) and the bidirectional overrides and isolates that can
-/// make shown text read differently from what it is. The C0 controls are left to
-/// `annotate-snippets`, which shows them as symbols.
+/// Whether `c` in untrusted text could act on a terminal or change how the text around it
+/// reads: the C1 controls (U+0080–U+009F, among them the one-character CSI) and the
+/// bidirectional overrides and isolates. (The C0 controls are each renderer's own
+/// business: `annotate-snippets` shows them as symbols, approvals escape them.)
+pub fn hostile(c: char) -> bool {
+    ('\u{80}'..='\u{9f}').contains(&c)
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// `text` with every [`hostile`] character replaced by `\u{FFFD}`, one character for one
+/// (so character columns still hold).
 fn printable(text: &str) -> Cow<'_, str> {
-    let hostile = |c: char| {
-        ('\u{80}'..='\u{9f}').contains(&c)
-            || ('\u{202a}'..='\u{202e}').contains(&c)
-            || ('\u{2066}'..='\u{2069}').contains(&c)
-    };
     if text.chars().any(hostile) {
         Cow::Owned(
             text.chars()

@@ -46,15 +46,13 @@ impl Protection {
     /// The protection of a host keeping its state in `state_dir` (protected from the start;
     /// empty for commands that keep no state).
     pub fn new(state_dir: &Path) -> Protection {
-        let protection = Protection::default();
         if state_dir.as_os_str().is_empty() {
-            return protection;
+            return Protection::default();
         }
         let state_dir = canonical_lenient(state_dir);
-        protection.add([state_dir.clone()]);
         Protection {
+            paths: Mutex::new(BTreeSet::from([state_dir.clone()])),
             state_dir,
-            ..protection
         }
     }
 

@@ -792,6 +792,53 @@ impl Drop for Outside {
     }
 }
 
+/// A confined `bash` call (`dsh-bash-sandbox` in workspace-write rooted at `ws`) whose
+/// kernel refuses system call `nr` with `errno` must run nothing and exit 1 with every
+/// one of `needles` in its output; the same call without the refusal runs, confined.
+pub fn assert_refused_setup_runs_nothing(
+    ws: &Path,
+    nr: libc::c_long,
+    errno: i32,
+    needles: &[&str],
+) {
+    let scratch = Scratch::new();
+    let manifest = scratch.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n",
+        ws.display()
+    ));
+    let marker = ws.join("ran.txt");
+    let args = format!(r#"{{"command": "echo ran > '{}'"}}"#, marker.display());
+    let call = |refused: bool| {
+        let manifest = manifest.to_str().expect("UTF-8 path");
+        let mut cmd = scratch.cordis(&["call", "-c", manifest, "bash", &args]);
+        cmd.current_dir(ws);
+        if refused {
+            refuse_syscall(&mut cmd, nr, errno);
+        }
+        cmd.output().expect("spawn cordis call")
+    };
+    let out = call(true);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    for needle in needles {
+        assert!(said.contains(needle), "missing {needle:?} in:\n{said}");
+    }
+    assert!(!marker.exists(), "the command ran without its sandbox");
+    // The control: the very same call, without the refusal, runs confined.
+    let out = call(false);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&marker).expect("ran"), "ran\n");
+}
+
 /// Makes `cmd` run under a seccomp filter (installed between fork and exec) under which the
 /// kernel answers system call `nr` with `errno`: the real kernel, behaving as a machine
 /// without that facility would (Landlock missing, user namespaces disabled). Spawning fails

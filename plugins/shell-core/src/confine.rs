@@ -17,9 +17,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use dsh_sandbox::{
-    denial_marker, is_within, writable_roots, Fence, PathSet, SandboxExecutionPolicy, SandboxMode,
-};
+use dsh_sandbox::{denial_marker, is_within, Fence, PathSet, SandboxExecutionPolicy, SandboxMode};
 use dsh_shell_api::ExecResult;
 use landlock::{
     AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, PathFdError, Ruleset,
@@ -40,10 +38,15 @@ pub const DEV_NULL: &str = "/dev/null";
 /// `/dev/null`. `None` for `danger-full-access` (the command runs unconfined); only
 /// `/dev/null` for `read-only`.
 pub fn granted_write_roots(policy: &SandboxExecutionPolicy) -> Option<Vec<PathBuf>> {
-    let mut roots = match policy.mode {
+    granted(policy.mode, &Fence::of(policy))
+}
+
+/// [`granted_write_roots`] of a call in `mode` whose fence is `fence`.
+fn granted(mode: SandboxMode, fence: &Fence) -> Option<Vec<PathBuf>> {
+    let mut roots = match mode {
         SandboxMode::DangerFullAccess => return None,
         SandboxMode::ReadOnly => Vec::new(),
-        SandboxMode::WorkspaceWrite => writable_roots(policy),
+        SandboxMode::WorkspaceWrite => fence.writable_roots.clone(),
     };
     roots.push(PathBuf::from(DEV_NULL));
     Some(roots)
@@ -157,10 +160,10 @@ impl Confinement {
     /// `/dev/null` for a file). Patterns are matched against the workspace when the command
     /// starts.
     pub fn prepare(policy: &SandboxExecutionPolicy) -> Result<Option<Confinement>, ConfineError> {
-        let Some(roots) = granted_write_roots(policy) else {
+        let fence = Fence::of(policy);
+        let Some(roots) = granted(policy.mode, &fence) else {
             return Ok(None);
         };
-        let fence = Fence::of(policy);
         let landlock = landlock_ruleset(&roots)?;
         let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
         // Outermost first, so an inner root is bound on top of the outer one.
@@ -374,7 +377,7 @@ mod tests {
     fn granted_roots_are_exactly_the_shared_writable_roots_plus_dev_null() {
         let dir = tempfile::tempdir().unwrap();
         let ws = policy(SandboxMode::WorkspaceWrite, dir.path());
-        let mut expected = writable_roots(&ws);
+        let mut expected = dsh_sandbox::writable_roots(&ws);
         expected.push(PathBuf::from(DEV_NULL));
         assert_eq!(granted_write_roots(&ws), Some(expected));
         let ro = policy(SandboxMode::ReadOnly, dir.path());
