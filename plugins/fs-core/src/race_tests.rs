@@ -107,11 +107,21 @@ fn raced(
     op: Op,
     swap: impl FnOnce() + 'static,
 ) -> (Option<String>, Vec<Point>) {
+    raced_under(policy(&layout.ws), layout, rel, op, swap)
+}
+
+/// [`raced`] under `policy`.
+fn raced_under(
+    policy: SandboxExecutionPolicy,
+    layout: &Layout,
+    rel: &str,
+    op: Op,
+    swap: impl FnOnce() + 'static,
+) -> (Option<String>, Vec<Point>) {
     let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
     let mut swap = Some(swap);
     let log = seen.clone();
     let path = layout.ws.join(rel);
-    let policy = policy(&layout.ws);
     let outcome = race::with(
         move |point| {
             log.borrow_mut().push(point);
@@ -186,6 +196,42 @@ fn a_directory_swapped_for_a_symlink_inside_the_window_is_denied() {
         problems.is_empty(),
         "the fence let a swap through:\n{}",
         problems.join("\n")
+    );
+}
+
+/// A directory swapped for a symlink to a protected directory inside the same writable
+/// root: the symlink stays beneath the root, so only the check of the directory actually
+/// reached can refuse it.
+#[test]
+fn a_directory_swapped_for_a_symlink_into_a_protected_directory_is_denied() {
+    let layout = Layout::new();
+    let guarded = layout.ws.join("guarded");
+    std::fs::create_dir(&guarded).expect("mkdir guarded");
+    std::fs::create_dir(layout.ws.join("d")).expect("mkdir d");
+    let policy = SandboxExecutionPolicy {
+        protected_paths: vec![guarded.clone()],
+        ..policy(&layout.ws)
+    };
+    // Relative, so resolving it beneath the root is allowed.
+    let (victim, target) = (layout.ws.join("d"), PathBuf::from("guarded"));
+    let (outcome, points) = raced_under(policy, &layout, "d/f.txt", Op::Write, move || {
+        swap_for_symlink(&victim, &target)
+    });
+    assert_eq!(
+        points.first(),
+        Some(&Point::Checked),
+        "the window was reached"
+    );
+    assert!(
+        std::fs::symlink_metadata(layout.ws.join("d"))
+            .expect("d")
+            .is_symlink(),
+        "the swap happened"
+    );
+    assert_eq!(outcome, Some(codes::FS_SANDBOX_DENIED.to_string()));
+    assert!(
+        !guarded.join("f.txt").exists(),
+        "the write landed in the protected directory"
     );
 }
 
