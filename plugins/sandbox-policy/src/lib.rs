@@ -60,7 +60,7 @@ pub struct Config {
     /// List of paths or glob patterns; default none. Kept read-only to every call below
     /// `danger-full-access`, even beneath a writable root (in addition to what defines the
     /// running composition and `.git/hooks`, `.git/config` of every writable root). A path
-    /// is absolute or starts with `~/`; a pattern (`*`, `?`, `[`, `{`) matches whole
+    /// is absolute or starts with `~/`; a pattern (`*`, `?`, `[`) matches whole
     /// paths, `**/` any directories (`**/.env`). Patterns are applied to commands for what
     /// they match inside the workspace when the command starts.
     #[serde(default)]

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use glob::{MatchOptions, Pattern};
 
 use crate::{is_within, SandboxExecutionPolicy};
 
@@ -18,20 +18,28 @@ pub const EXPAND_BUDGET: usize = 50_000;
 
 /// A set of paths and glob patterns; a path is covered when it or one of its ancestors is
 /// one of the paths or matches one of the patterns. A pattern is matched against the whole
-/// canonical path, `*` never crossing a `/` and `**` crossing any number: `**/.env`
-/// covers every `.env`, `/home/me/.ssh` is a plain path.
+/// canonical path, `*` never crossing a `/` and a `**` component crossing any number:
+/// `**/.env` covers every `.env`, `/home/me/.ssh` is a plain path.
 #[derive(Clone, Debug, Default)]
 pub struct PathSet {
     /// The plain paths (canonical).
     pub paths: Vec<PathBuf>,
     /// The patterns, as written.
     pub patterns: Vec<String>,
-    set: GlobSet,
+    compiled: Vec<Pattern>,
 }
+
+/// How patterns match: `*` and `?` never match a `/`, a leading `.` is matched like any
+/// other character.
+const MATCHING: MatchOptions = MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: false,
+};
 
 /// Whether a configured entry is a glob pattern rather than a path.
 pub fn is_pattern(path: &Path) -> bool {
-    path.to_string_lossy().contains(['*', '?', '[', '{'])
+    path.to_string_lossy().contains(['*', '?', '['])
 }
 
 impl PathSet {
@@ -40,12 +48,11 @@ impl PathSet {
     /// hold one).
     pub fn new(entries: impl IntoIterator<Item = PathBuf>) -> PathSet {
         let mut out = PathSet::default();
-        let mut builder = GlobSetBuilder::new();
         for entry in entries {
             let text = entry.to_string_lossy().into_owned();
             if is_pattern(&entry) {
-                if let Ok(glob) = compile(&text) {
-                    builder.add(glob);
+                if let Ok(pattern) = Pattern::new(&text) {
+                    out.compiled.push(pattern);
                     out.patterns.push(text);
                     continue;
                 }
@@ -54,7 +61,6 @@ impl PathSet {
                 out.paths.push(entry);
             }
         }
-        out.set = builder.build().unwrap_or_default();
         out
     }
 
@@ -68,12 +74,10 @@ impl PathSet {
         if let Some(p) = self.paths.iter().find(|p| is_within(path, p)) {
             return Some(p.display().to_string());
         }
-        if self.patterns.is_empty() {
-            return None;
-        }
-        path.ancestors()
-            .find_map(|a| self.set.matches(a).first().copied())
-            .map(|i| self.patterns[i].clone())
+        path.ancestors().find_map(|a| {
+            let i = self.matching(a)?;
+            Some(self.patterns[i].clone())
+        })
     }
 
     /// The existing paths beneath `root` this set covers, outermost only (what a mount view
@@ -100,7 +104,7 @@ impl PathSet {
                         return Err(visited);
                     }
                     let path = entry.path();
-                    if self.set.is_match(&path) {
+                    if self.matching(&path).is_some() {
                         out.push(path);
                     } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
                         stack.push(path);
@@ -119,16 +123,18 @@ impl PathSet {
     }
 }
 
-fn compile(pattern: &str) -> Result<globset::Glob, globset::Error> {
-    GlobBuilder::new(pattern)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
+impl PathSet {
+    /// The index of the first pattern `path` matches as a whole.
+    fn matching(&self, path: &Path) -> Option<usize> {
+        self.compiled
+            .iter()
+            .position(|p| p.matches_path_with(path, MATCHING))
+    }
 }
 
 /// Checks a configured pattern: the error says what is wrong with it.
 pub fn check_pattern(pattern: &str) -> Result<(), String> {
-    compile(pattern).map(|_| ()).map_err(|e| e.to_string())
+    Pattern::new(pattern).map(|_| ()).map_err(|e| e.to_string())
 }
 
 /// One call's fence.

@@ -106,7 +106,7 @@ impl FromStr for SandboxMode {
 /// The full policy one call runs under: the effective mode, the workspace root, and what
 /// the policy owner adds to the fence (extra writable roots, protected paths, unreadable
 /// paths). Paths are canonical; an entry of `protected_paths` or `deny_read` holding a glob
-/// character (`*`, `?`, `[`, `{`) is a pattern (see [`PathSet`]).
+/// character (`*`, `?`, `[`) is a pattern (see [`PathSet`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxExecutionPolicy {
