@@ -440,3 +440,56 @@ fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
         run.context()
     );
 }
+
+#[test]
+fn a_client_on_a_socket_rather_than_a_pipe_is_served_too() {
+    // Pipes are driven by the server's poller; anything else on stdio (a socket, a
+    // terminal) by blocking stdio threads. Both must speak the same protocol.
+    use std::io::{BufRead, Write};
+    let s = Scratch::new();
+    s.manifest("- name: cordis-example\n");
+    let (server_end, client_end) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+    let stdin = std::os::fd::OwnedFd::from(server_end.try_clone().expect("clone"));
+    let mut child = cordis_e2e::KillOnDrop(
+        s.cordis(&["run", "--no-watch"])
+            .stdin(stdin)
+            .stdout(std::os::fd::OwnedFd::from(server_end))
+            .spawn()
+            .expect("spawn cordis run"),
+    );
+    client_end
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .expect("a read timeout");
+    let mut reader = std::io::BufReader::new(client_end.try_clone().expect("clone"));
+    let end_of_input = client_end.try_clone().expect("clone");
+    let mut writer = client_end;
+    let mut send = |message: serde_json::Value| {
+        writeln!(writer, "{message}").expect("write a message");
+        message.get("id").cloned()
+    };
+    let mut answer = |id: Option<serde_json::Value>| loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("read a response");
+        assert!(!line.is_empty(), "cordis run closed the socket");
+        let msg: serde_json::Value = serde_json::from_str(&line).expect("a JSON line");
+        if msg.get("id") == id.as_ref() {
+            return msg;
+        }
+    };
+    let init = answer(send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "socket", "version": "0"}}}),
+    ));
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let call = answer(send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "greet", "arguments": {"name": "Ada"}}}),
+    ));
+    assert_eq!(call["result"]["content"][0]["text"], "hello, Ada", "{call}");
+    end_of_input
+        .shutdown(std::net::Shutdown::Write)
+        .expect("end the input");
+    assert!(child.0.wait().expect("wait").success());
+}

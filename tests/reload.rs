@@ -267,6 +267,12 @@ fn bad_changes_keep_the_old_composition_serving_until_fixed() {
     );
     serving("a syntax error");
 
+    // Seen between the truncation and the write of an in-place save.
+    s.manifest("");
+    let err = rt.reload().expect_err("an empty manifest");
+    assert!(err.to_string().contains("manifest-empty"), "{err}");
+    serving("an empty manifest");
+
     s.manifest("- name: fixture-reload-consumer\n- name: cordis-example\n");
     let err = rt.reload().expect_err("a missing dependency");
     assert!(
@@ -300,6 +306,19 @@ fn bad_changes_keep_the_old_composition_serving_until_fixed() {
     assert_eq!(
         call(&rt, &session, "reload-version"),
         "build 2, greeting hi"
+    );
+
+    // Stopping every entry is said explicitly.
+    s.manifest("[]\n");
+    let report = rt.reload().expect("an explicitly empty composition");
+    assert_eq!(
+        report.removed,
+        [
+            "cordis-example",
+            "fixture-reload",
+            "fixture-reload-consumer"
+        ],
+        "{report}"
     );
     rt.shutdown();
 }

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use cordis_e2e::{target_dir, with_build_lock, workspace_root, Scratch};
+use cordis_e2e::{
+    cargo, cargo_target, target_dir, with_build_lock, workspace_profiles, workspace_root, Scratch,
+};
 use cordis_example_api::{Greeter, GreeterClient};
 use cordis_sdk::Result;
 use cordis_test::{HarnessError, PluginUnderTest, ToolResult};
@@ -36,43 +38,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-/// The workspace's cargo target directory (the parent of `target/<profile>`).
-fn cargo_target() -> PathBuf {
-    target_dir()
-        .parent()
-        .expect("the profile directory has a parent")
-        .to_path_buf()
-}
-
-/// A cargo command for the scaffolded crate in `dir`, sharing the workspace's target
-/// directory (so the dependencies already built are reused) and its lock file.
-fn cargo(dir: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(dir)
-        .args(args)
-        .env("CARGO_TARGET_DIR", cargo_target());
-    cmd
-}
-
-/// The workspace's `[profile.*]` sections, for a cargo config next to the scaffold: the
-/// same profile means the same artifacts in the shared target directory.
-fn workspace_profiles() -> String {
-    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
-        .expect("read the workspace manifest");
-    let mut out = String::new();
-    let mut keep = false;
-    for line in manifest.lines() {
-        if line.starts_with('[') {
-            keep = line.starts_with("[profile");
-        }
-        if keep {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
 }
 
 /// A plugin crate `name` made by `cordis new` in a scratch directory, set up to build into

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use crate::loader::{library_file_name, SearchPath};
 use crate::runtime::Runtime;
-use crate::watch::{change_watcher, next_batch, reload_and_log, survive};
+use crate::watch::{change_watcher, next_batch, reload_and_log, survive, Quiet};
 
 #[derive(Deserialize)]
 struct Metadata {
@@ -301,8 +301,9 @@ impl Project {
 }
 
 /// Watches the sources of `project` and rebuilds and reloads `runtime`'s plugins on every
-/// change, on a background thread.
-pub fn spawn(runtime: Arc<Runtime>, project: Project) -> anyhow::Result<()> {
+/// change (once the sources have been quiet for `quiet.library`), on a background thread.
+/// The reload follows cargo's build-finished message with no further wait.
+pub fn spawn(runtime: Arc<Runtime>, project: Project, quiet: Quiet) -> anyhow::Result<()> {
     let entries = entry_libraries(&runtime);
     let (builds, notes) = project.builds(&entries);
     for note in notes {
@@ -334,8 +335,8 @@ pub fn spawn(runtime: Arc<Runtime>, project: Project) -> anyhow::Result<()> {
         .name("cordis-dev".into())
         .spawn(move || {
             let _watcher = watcher;
-            while let Some(changed) = next_batch(&rx) {
-                let Some(edited) = changed.iter().find(|p| project.is_source(p)) else {
+            while let Some(batch) = next_batch(&rx, |_| quiet.library) {
+                let Some(edited) = batch.paths.iter().find(|p| project.is_source(p)) else {
                     continue;
                 };
                 tracing::debug!("dev: {} changed", edited.display());
@@ -351,7 +352,7 @@ pub fn spawn(runtime: Arc<Runtime>, project: Project) -> anyhow::Result<()> {
                         project.build(&builds)
                     };
                     if built {
-                        reload_and_log(&runtime);
+                        reload_and_log(&runtime, Some(batch.first_seen));
                     }
                 });
             }

@@ -76,6 +76,7 @@ macro_rules! codes {
 
 codes! {
     MANIFEST_UNREADABLE = "manifest-unreadable": "the manifest file cannot be read";
+    MANIFEST_EMPTY = "manifest-empty": "a running host's manifest became empty, as in the middle of a save; write `[]` to stop every entry";
     MANIFEST_TOO_LARGE = "manifest-too-large": "the manifest exceeds a limit on its size, alias expansion or nesting depth";
     YAML_SYNTAX = "yaml-syntax": "the manifest is not valid YAML";
     MANIFEST_SHAPE = "manifest-shape": "the manifest is not a list of entries";

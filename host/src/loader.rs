@@ -125,8 +125,9 @@ pub struct Meta {
 pub struct Library {
     /// The file the manifest or the search path named.
     pub path: PathBuf,
-    /// A digest of the file's bytes when it was loaded (reloads compare it).
-    pub digest: u64,
+    /// What the filesystem said about the file when it was loaded (reloads compare it
+    /// before comparing bytes); updated when a change turned out to leave every byte.
+    identity: std::sync::Mutex<FileId>,
     /// The generation: a counter over every library this host loaded from a copy (0 when
     /// loaded in place).
     pub generation: u64,
@@ -154,18 +155,84 @@ impl Copies {
             next: std::sync::atomic::AtomicU64::new(1),
         }
     }
+
+    /// Copies `source` (opened from `path`) to a new file for `generation` and checks that
+    /// the copy is a complete library; nothing is left behind on failure.
+    fn copy(
+        &self,
+        path: &Path,
+        generation: u64,
+        source: &mut std::fs::File,
+    ) -> Result<PathBuf, LoadError> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| LoadError::Open(format!("cannot create {}: {e}", self.dir.display())))?;
+        let name = path
+            .file_name()
+            .map_or_else(|| "plugin".into(), |n| n.to_string_lossy().into_owned());
+        let copy = self.dir.join(format!("g{generation}-{name}"));
+        let copied = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&copy)
+            .and_then(|mut out| std::io::copy(source, &mut out).map(|_| out));
+        let checked = match copied {
+            Ok(out) => check_complete(&out).map_err(LoadError::Open),
+            Err(e) => Err(LoadError::Open(format!(
+                "cannot copy to {}: {e}",
+                copy.display()
+            ))),
+        };
+        match checked {
+            Ok(()) => Ok(copy),
+            Err(e) => {
+                let _ = std::fs::remove_file(&copy);
+                Err(e)
+            }
+        }
+    }
 }
 
-/// A digest of a library file (reloads skip libraries whose bytes did not change).
-pub fn file_digest(path: &Path) -> std::io::Result<u64> {
-    Ok(digest(&std::fs::read(path)?))
+/// Which file a library is and when it last changed, as the filesystem already knows it:
+/// a generation is identified without reading its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
 }
 
-fn digest(bytes: &[u8]) -> u64 {
-    use std::hash::Hasher;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(bytes);
-    h.finish()
+impl FileId {
+    fn of(meta: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        }
+    }
+}
+
+/// Whether two files hold the same bytes (read in chunks, never whole).
+fn same_bytes(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let (mut a, mut b) = (std::fs::File::open(a)?, std::fs::File::open(b)?);
+    if a.metadata()?.len() != b.metadata()?.len() {
+        return Ok(false);
+    }
+    let (mut x, mut y) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = a.read(&mut x)?;
+        if n == 0 {
+            return Ok(b.read(&mut y[..1])? == 0);
+        }
+        b.read_exact(&mut y[..n])?;
+        if x[..n] != y[..n] {
+            return Ok(false);
+        }
+    }
 }
 
 impl Drop for Library {
@@ -192,25 +259,30 @@ impl Drop for Library {
 
 /// Refuses a file that is not a complete ELF shared object: the dynamic loader maps a
 /// truncated (half-written) library without complaint and the process dies later on a
-/// missing page, so every segment and the section table must lie within the file.
-fn check_complete(bytes: &[u8]) -> Result<(), String> {
-    let u16_at = |o: usize| {
-        bytes
-            .get(o..o + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+/// missing page, so every segment and the section table must lie within the file. Reads
+/// only the ELF header and the program header table.
+fn check_complete(file: &std::fs::File) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot stat it: {e}"))?
+        .len();
+    let read = |at: u64, buf: &mut [u8]| file.read_exact_at(buf, at).is_ok();
+    let u16_at = |o: u64| {
+        let mut b = [0u8; 2];
+        read(o, &mut b).then(|| u16::from_le_bytes(b) as u64)
     };
-    let u64_at = |o: usize| {
-        bytes
-            .get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+    let u64_at = |o: u64| {
+        let mut b = [0u8; 8];
+        read(o, &mut b).then(|| u64::from_le_bytes(b))
     };
-    if bytes.get(..4) != Some(b"\x7fELF") {
+    let mut ident = [0u8; 6];
+    if !read(0, &mut ident) || &ident[..4] != b"\x7fELF" {
         return Err("not an ELF file".into());
     }
-    if bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
+    if ident[4] != 2 || ident[5] != 1 {
         return Err("not a 64-bit little-endian ELF file".into());
     }
-    let len = bytes.len() as u64;
     let incomplete =
         || format!("the file is incomplete ({len} bytes; truncated or still being written)");
     let (phoff, phentsize, phnum) = (u64_at(0x20), u16_at(0x36), u16_at(0x38));
@@ -226,7 +298,7 @@ fn check_complete(bytes: &[u8]) -> Result<(), String> {
         return Err(incomplete());
     }
     for i in 0..phnum {
-        let at = (phoff + i * phentsize) as usize;
+        let at = phoff + i * phentsize;
         let (Some(offset), Some(filesz)) = (u64_at(at + 8), u64_at(at + 32)) else {
             return Err(incomplete());
         };
@@ -307,29 +379,30 @@ impl Library {
     }
 
     /// Loads `path`, from a fresh private copy when `copies` is given.
+    ///
+    /// The file is identified by its metadata, never hashed. A copy is made by the kernel
+    /// (`copy_file_range`, a reflink where the filesystem can) from the descriptor whose
+    /// metadata was taken, and the completeness check reads only the ELF headers of the
+    /// file that is then loaded.
     pub fn load_with(path: &Path, copies: Option<&Copies>) -> Result<Arc<Library>, LoadError> {
-        let bytes = std::fs::read(path).map_err(|e| LoadError::Open(e.to_string()))?;
-        check_complete(&bytes).map_err(LoadError::Open)?;
-        let digest = digest(&bytes);
+        let mut source = std::fs::File::open(path).map_err(|e| LoadError::Open(e.to_string()))?;
+        let identity = source
+            .metadata()
+            .map(|m| FileId::of(&m))
+            .map_err(|e| LoadError::Open(e.to_string()))?;
         let (generation, copy) = match copies {
-            None => (0, None),
+            None => {
+                check_complete(&source).map_err(LoadError::Open)?;
+                (0, None)
+            }
             Some(c) => {
                 let generation = c.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                std::fs::create_dir_all(&c.dir).map_err(|e| {
-                    LoadError::Open(format!("cannot create {}: {e}", c.dir.display()))
-                })?;
-                let name = path
-                    .file_name()
-                    .map_or_else(|| "plugin".into(), |n| n.to_string_lossy().into_owned());
-                let copy = c.dir.join(format!("g{generation}-{name}"));
-                std::fs::write(&copy, &bytes).map_err(|e| {
-                    LoadError::Open(format!("cannot copy to {}: {e}", copy.display()))
-                })?;
+                let copy = c.copy(path, generation, &mut source)?;
                 (generation, Some(copy))
             }
         };
         let load_from = copy.as_deref().unwrap_or(path);
-        let outcome = Self::load_file(path, load_from, digest, generation);
+        let outcome = Self::load_file(path, load_from, identity, generation);
         match (outcome, copy) {
             (Ok(mut lib), copy) => {
                 if let Some(l) = Arc::get_mut(&mut lib) {
@@ -345,10 +418,31 @@ impl Library {
         }
     }
 
+    /// Whether the file at [`Library::path`] is still what this library was loaded from:
+    /// the same metadata, or (when the metadata changed, e.g. the file was replaced) the
+    /// same bytes as the private copy it runs from.
+    pub fn unchanged_on_disk(&self) -> bool {
+        let Ok(now) = std::fs::metadata(&self.path).map(|m| FileId::of(&m)) else {
+            return false;
+        };
+        let mut identity = self.identity.lock().unwrap_or_else(|e| e.into_inner());
+        if *identity == now {
+            return true;
+        }
+        let same = self
+            .copy
+            .as_deref()
+            .is_some_and(|copy| same_bytes(&self.path, copy).unwrap_or(false));
+        if same {
+            *identity = now;
+        }
+        same
+    }
+
     fn load_file(
         path: &Path,
         load_from: &Path,
-        digest: u64,
+        identity: FileId,
         generation: u64,
     ) -> Result<Arc<Library>, LoadError> {
         let raw = RawLibrary::load_at(load_from).map_err(|e| match e {
@@ -396,7 +490,7 @@ impl Library {
         };
         Ok(Arc::new(Library {
             path: path.to_path_buf(),
-            digest,
+            identity: std::sync::Mutex::new(identity),
             generation,
             meta,
             module,

@@ -13,6 +13,7 @@ use cordis_host::plan::{Plan, Provider};
 use cordis_host::registry::Registry;
 use cordis_host::runtime::Runtime;
 use cordis_host::status::{self, HostStatus};
+use cordis_host::watch::Quiet;
 use cordis_host::Host;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::CallContext;
@@ -97,6 +98,11 @@ struct RunArgs {
     /// for the loaded plugins when one changes, and reload when the build finishes.
     #[arg(long)]
     dev: bool,
+    /// Wait this long (milliseconds) after a change to cordis.yml or a library that cargo
+    /// is not building before reloading [default: 30 for cordis.yml, 50 for a library;
+    /// a library cargo is building waits for the build to finish instead].
+    #[arg(long, value_name = "MS", conflicts_with = "no_watch", value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    reload_quiet: Option<u64>,
     /// Serve this existing session instead of a new one.
     #[arg(long, conflicts_with = "cwd")]
     session: Option<String>,
@@ -267,7 +273,10 @@ fn check(host: &Host, format: Format) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    print!("{}", describe_plan(&outcome?));
+    let plan = outcome?;
+    print!("{}", describe_plan(&plan));
+    // The process ends now: unloading every library first would only cost time.
+    std::mem::forget(plan);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -508,12 +517,17 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
             status.publish(&runtime.composition(), &state_dir);
         });
     }
+    let quiet = args.reload_quiet.map_or(Quiet::DEFAULT, |ms| {
+        Quiet::uniform(std::time::Duration::from_millis(ms))
+    });
     let watching = || -> anyhow::Result<()> {
         if !args.no_watch {
-            cordis_host::watch::spawn(runtime.clone()).context("failed to watch for changes")?;
+            cordis_host::watch::spawn(runtime.clone(), quiet)
+                .context("failed to watch for changes")?;
         }
         if let Some(project) = project {
-            cordis_host::dev::spawn(runtime.clone(), project).context("`--dev` cannot start")?;
+            cordis_host::dev::spawn(runtime.clone(), project, quiet)
+                .context("`--dev` cannot start")?;
         }
         Ok(())
     };
@@ -522,7 +536,9 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         let _ = std::fs::remove_dir_all(&copies_dir);
         return Err(e);
     }
-    let tokio = tokio::runtime::Builder::new_multi_thread()
+    // One connection on one thread: the protocol's pipes, rmcp and the calls' completions
+    // never hand work between runtime threads; tool calls run on the blocking pool.
+    let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("failed to start the async runtime")?;

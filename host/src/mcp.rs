@@ -135,27 +135,50 @@ where
     result
 }
 
+/// The protocol's input or output stream.
+type Stream<T> = Box<T>;
+type Input = Stream<dyn AsyncRead + Send + Unpin>;
+type Output = Stream<dyn AsyncWrite + Send + Unpin>;
+
 /// The protocol's stdin/stdout. The real stdout is kept on a private descriptor for MCP
 /// and descriptor 1 is pointed at stderr, so a stray print from a plugin (or anything
-/// else in the process) lands in the log instead of corrupting the MCP stream.
-fn protocol_stdio() -> anyhow::Result<(tokio::io::Stdin, tokio::fs::File)> {
+/// else in the process) lands in the log instead of corrupting the MCP stream. Pipes (what
+/// MCP clients give a server) are driven by the async runtime's poller; anything else
+/// (a terminal, a file) by tokio's blocking stdio threads.
+fn protocol_stdio() -> anyhow::Result<(Input, Output)> {
     use std::os::fd::FromRawFd;
-    // SAFETY: plain descriptor operations on 1 and 2; the duplicate is owned by the File.
-    let protocol = unsafe { libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3) };
-    if protocol < 0 {
-        anyhow::bail!(
-            "cannot duplicate stdout for the MCP stream: {}",
-            std::io::Error::last_os_error()
-        );
-    }
+    // SAFETY: plain descriptor operations on 0, 1 and 2; each duplicate is owned by a File.
+    let dup = |fd: i32, what: &str| {
+        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+        if copy < 0 {
+            anyhow::bail!(
+                "cannot duplicate {what} for the MCP stream: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(unsafe { std::fs::File::from_raw_fd(copy) })
+    };
+    let protocol = dup(1, "stdout")?;
     if unsafe { libc::dup2(2, 1) } < 0 {
         anyhow::bail!(
             "cannot point stdout at stderr: {}",
             std::io::Error::last_os_error()
         );
     }
-    let out = unsafe { std::fs::File::from_raw_fd(protocol) };
-    Ok((tokio::io::stdin(), tokio::fs::File::from_std(out)))
+    let is_pipe = |f: &std::fs::File| {
+        use std::os::unix::fs::FileTypeExt;
+        f.metadata().is_ok_and(|m| m.file_type().is_fifo())
+    };
+    let input: Input = match dup(0, "stdin")? {
+        f if is_pipe(&f) => Box::new(tokio::net::unix::pipe::Receiver::from_file(f)?),
+        _ => Box::new(tokio::io::stdin()),
+    };
+    let output: Output = if is_pipe(&protocol) {
+        Box::new(tokio::net::unix::pipe::Sender::from_file(protocol)?)
+    } else {
+        Box::new(tokio::fs::File::from_std(protocol))
+    };
+    Ok((input, output))
 }
 
 async fn serve<R, W>(

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::diag::{self, Diagnostic, Diagnostics};
-use crate::loader::{file_digest, Copies, Library, LoadError, SearchPath, ServiceSpec};
+use crate::loader::{Copies, Library, LoadError, SearchPath, ServiceSpec};
 use crate::manifest::{self, Entry};
 use crate::protect::Protection;
 
@@ -65,7 +65,8 @@ pub fn plan(file: &Path, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
 }
 
 /// Like [`plan`], reusing each library of `loaded` whose file has not changed (same path,
-/// same bytes) instead of loading it again.
+/// same metadata or same bytes) instead of loading it again. With libraries loaded (a
+/// reload), an empty manifest is refused rather than planned as an empty composition.
 pub fn plan_with(
     file: &Path,
     opts: &PlanOptions,
@@ -85,6 +86,20 @@ pub fn plan_with(
         source: Some(text.clone()),
         items,
     };
+    if !loaded.is_empty() && text.trim().is_empty() {
+        // A writer that truncates and then writes (`>`, some editors) can be seen in
+        // between; an empty file never stops a running composition.
+        return Err(fail(vec![Diagnostic::new(
+            diag::MANIFEST_EMPTY,
+            format!(
+                "{} is empty; the running composition is kept",
+                file.display()
+            ),
+        )
+        .help(
+            "if it is being saved, its next change is picked up; to stop every entry, write `[]`",
+        )]));
+    }
     let manifest = manifest::parse(&text).map_err(fail)?;
     if let Some(protect) = &opts.protect {
         protect.cover_manifest(file, &manifest, &opts.search);
@@ -94,7 +109,7 @@ pub fn plan_with(
 
     let mut libraries: HashMap<PathBuf, Arc<Library>> = HashMap::new();
     for lib in loaded {
-        if file_digest(&lib.path).ok() == Some(lib.digest) {
+        if lib.unchanged_on_disk() {
             let key = lib.path.canonicalize().unwrap_or_else(|_| lib.path.clone());
             libraries.insert(key, lib.clone());
         }

@@ -1,14 +1,17 @@
 //! Host-core benchmarks: a trivial service method called through the registry across the
 //! ABI (the `greeter` of the real `cordis-example` cdylib) against the same method called
-//! directly on a Rust trait object; and whole-process `cordis check` on the bundled
-//! `cordis.yml`. Prints the ratios from this run.
+//! directly on a Rust trait object; whole-process `cordis check` on the bundled
+//! `cordis.yml` against `cordis --version` (a process that loads nothing); and the time from
+//! spawning `cordis run` to its answers to `initialize` and `tools/list`. Prints the ratios
+//! from this run.
 //!
 //! Run with `cargo bench -p cordis-e2e --bench host`.
 
 use std::process::Command;
+use std::time::Instant;
 
 use cordis_e2e::bench::{criterion_estimate_ns, human, interleaved_medians, print_ratio};
-use cordis_e2e::Scratch;
+use cordis_e2e::{McpStdio, Scratch};
 use cordis_example_api::{Greeter, GreeterClient};
 use criterion::Criterion;
 
@@ -53,23 +56,26 @@ fn main() {
     let cordis = cordis_e2e::cordis_bin();
     let bundled = cordis_e2e::workspace_root().join("cordis.yml");
     let state = scratch.state_dir();
-    let check = || {
+    let process = |args: &[&str]| {
         let out = Command::new(&cordis)
-            .args(["check", "-c"])
-            .arg(&bundled)
+            .args(args)
             .env("CORDIS_STATE_DIR", &state)
             .output()
-            .expect("run cordis check");
+            .expect("run cordis");
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
     };
+    let manifest = bundled.to_string_lossy().into_owned();
     {
         let mut g = c.benchmark_group("process");
-        g.sample_size(20);
-        g.bench_function("cordis-check-bundled", |b| b.iter(check));
+        g.sample_size(50);
+        g.bench_function("cordis-version", |b| b.iter(|| process(&["--version"])));
+        g.bench_function("cordis-check-bundled", |b| {
+            b.iter(|| process(&["check", "-c", &manifest]))
+        });
         g.finish();
     }
     c.final_summary();
@@ -94,10 +100,46 @@ fn main() {
         ("direct", medians[0]),
         ("abi", medians[1]),
     );
-    if let Some(ns) = criterion_estimate_ns("process", "cordis-check-bundled") {
-        println!(
-            "  cordis check (bundled cordis.yml, whole process): {}",
-            human(ns)
-        );
+    match (
+        criterion_estimate_ns("process", "cordis-version"),
+        criterion_estimate_ns("process", "cordis-check-bundled"),
+    ) {
+        (Some(v), Some(c)) => print_ratio(
+            "whole process: criterion",
+            ("cordis --version", v),
+            ("cordis check (bundled cordis.yml)", c),
+        ),
+        _ => println!("  whole process: no criterion estimates (group filtered out?)"),
     }
+    ready_to_serve();
+}
+
+/// From spawning `cordis run` on the bundled `cordis.yml` to the answers of `initialize`
+/// and then `tools/list` (median of 20 spawns).
+fn ready_to_serve() {
+    let s = Scratch::with_bundled_manifest();
+    let runs = 20;
+    let mut initialized = Vec::with_capacity(runs);
+    let mut listed = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        let mut mcp = McpStdio::start(s.cordis(&["run"]));
+        initialized.push(t.elapsed().as_nanos() as f64);
+        let tools = mcp.request("tools/list", serde_json::json!({}));
+        listed.push(t.elapsed().as_nanos() as f64);
+        assert!(
+            tools["tools"].as_array().is_some_and(|t| t.len() >= 5),
+            "{tools}"
+        );
+        assert!(mcp.finish().success());
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "  `cordis run` (bundled cordis.yml) spawned -> initialize answered {}, -> tools/list answered {} (median of {runs})",
+        human(median(initialized)),
+        human(median(listed))
+    );
 }

@@ -2,18 +2,23 @@
 //! - MCP `tools/call` round trip of `read` on a 4 KiB file (p50/p99 over 10,000 calls on
 //!   one connection) against the same call in-process (`Runtime::call_tool`), as a ratio;
 //! - whole-process `cordis call read` on the bundled `cordis.yml`;
-//! - hot reload latency: from replacing a plugin library on disk to the first call served
-//!   by the new generation (median of 50, the watcher's quiet period reported separately),
-//!   and the server's resident memory growth per reload.
+//! - hot reload latency to the first call served by the new composition (median and p99),
+//!   (a) after a library is replaced by `cp` + `mv` (and the server's resident memory growth
+//!   per reload), (b) after a real `cargo build` of two plugins, from cargo's exit (and the
+//!   number of reloads: exactly one per build), (c) after a `cordis.yml` edit saved the way
+//!   editors save (write beside, rename).
 //!
 //! Run with `cargo bench -p cordis-e2e --bench serve`. Distributions of whole requests are
 //! timed directly (criterion's per-iteration model does not give p99 of a live server).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cordis_e2e::bench::human;
-use cordis_e2e::{fixture_reload_build, reload_project, replace_file, McpStdio, Scratch};
+use cordis_e2e::{
+    cargo, cargo_target, fixture_reload_build, reload_project, replace_file, target_dir,
+    with_build_lock, workspace_profiles, workspace_root, McpStdio, Scratch,
+};
+use cordis_host::watch::Quiet;
 use cordis_sdk::CallContext;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -38,20 +43,93 @@ fn resident_kib(pid: u32) -> u64 {
 
 const CALLS: usize = 10_000;
 
+/// The leanest MCP client: requests written and responses read on the calling thread, so
+/// a round trip times the server and the pipes, not a client's thread hand-offs.
+struct Direct {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    next_id: u64,
+}
+
+impl Direct {
+    fn start(s: &Scratch) -> Direct {
+        let mut child = s
+            .cordis(&["run", "--no-watch"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn cordis run");
+        let mut client = Direct {
+            stdin: child.stdin.take().expect("stdin"),
+            stdout: std::io::BufReader::new(child.stdout.take().expect("stdout")),
+            child,
+            next_id: 0,
+        };
+        client.request(
+            "initialize",
+            &serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "bench", "version": "0"}}),
+        );
+        client.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        client
+    }
+
+    fn send(&mut self, message: &serde_json::Value) {
+        use std::io::Write;
+        let mut line = message.to_string();
+        line.push('\n');
+        self.stdin
+            .write_all(line.as_bytes())
+            .expect("write a request");
+    }
+
+    /// The raw response line to a request.
+    fn request(&mut self, method: &str, params: &serde_json::Value) -> String {
+        use std::io::BufRead;
+        self.next_id += 1;
+        let id = format!(r#""id":{}"#, self.next_id);
+        self.send(&serde_json::json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}));
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).expect("read a response");
+            assert!(n > 0, "cordis run closed its output during {method}");
+            if line.contains(&id) {
+                return line;
+            }
+        }
+    }
+
+    fn call(&mut self, tool: &str, args: &serde_json::Value) -> String {
+        self.request(
+            "tools/call",
+            &serde_json::json!({"name": tool, "arguments": args}),
+        )
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin);
+        assert!(self.child.wait().expect("wait").success());
+    }
+}
+
 fn read_round_trips() {
     let s = Scratch::with_bundled_manifest();
     s.write("data.txt", &"0123456789abcdef".repeat(256));
     let args = serde_json::json!({ "path": "data.txt" });
 
-    let mut mcp = McpStdio::start(s.cordis(&["run", "--no-watch"]));
+    let mut mcp = Direct::start(&s);
     let mut over_mcp = Vec::with_capacity(CALLS);
     for _ in 0..CALLS {
         let t = Instant::now();
-        let (is_error, text) = mcp.call("read", args.clone());
+        let response = mcp.call("read", &args);
         over_mcp.push(t.elapsed().as_nanos() as f64);
-        assert!(!is_error && text.len() >= 4096, "{text}");
+        assert!(
+            response.contains(r#""isError":false"#) && response.len() >= 4096,
+            "{response}"
+        );
     }
-    assert!(mcp.finish().success());
+    mcp.finish();
 
     let rt = s.runtime();
     let session = rt.host.sessions.create(&s.path()).expect("session");
@@ -104,61 +182,206 @@ fn read_round_trips() {
     );
 }
 
-fn reload_latency(lib: &Path, s: &Scratch) {
+/// Calls `tool` until it answers `want`; the time since `since`. Every call must succeed.
+fn until_answered(mcp: &mut McpStdio, tool: &str, want: &str, since: Instant) -> f64 {
+    loop {
+        let (is_error, text) = mcp.call(tool, serde_json::json!({"name": "Ada"}));
+        assert!(!is_error, "a call failed during a reload: {text}");
+        if text == want {
+            return since.elapsed().as_nanos() as f64;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "reload not picked up: {tool} answers {text:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn print_latencies(what: &str, latencies: Vec<f64>) {
+    let rounds = latencies.len();
+    let (p50, p99) = summarize(latencies);
+    println!(
+        "  {what} ({rounds} reloads): median {}  p99 {}",
+        human(p50),
+        human(p99)
+    );
+}
+
+/// (a): the library replaced by `cp` + `mv`; (c): `cordis.yml` saved by rename.
+fn reload_latency() {
+    let (s, lib) = reload_project(1, "- name: fixture-reload\n  config:\n    greeting: a\n");
     let builds = [fixture_reload_build(1), fixture_reload_build(2)];
     let mut cmd = s.cordis(&["run", "--plugin-path", "plugins"]);
     cmd.env("RUST_LOG", "warn");
     let mut mcp = McpStdio::start(cmd);
     let pid = mcp.pid();
     let rounds = 50;
-    let mut latencies = Vec::with_capacity(rounds);
-    // One warm-up reload.
-    let mut current = 1;
-    let flip = |mcp: &mut McpStdio, current: &mut usize| -> f64 {
-        let next = 1 - *current;
-        let want = format!("build {}, greeting ", next + 1);
+    let mut current = 0;
+    let mut flip = |mcp: &mut McpStdio| -> f64 {
+        current = 1 - current;
         let t = Instant::now();
-        replace_file(&builds[next], lib);
-        loop {
-            let (is_error, text) = mcp.call("reload-version", serde_json::json!({}));
-            assert!(!is_error, "a call failed during a reload: {text}");
-            if text == want {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "reload not picked up: {text}"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        *current = next;
-        t.elapsed().as_nanos() as f64
+        replace_file(&builds[current], &lib);
+        until_answered(
+            mcp,
+            "reload-version",
+            &format!("build {}, greeting a", current + 1),
+            t,
+        )
     };
-    flip(&mut mcp, &mut current);
+    flip(&mut mcp); // warm-up
     let before = resident_kib(pid);
-    for _ in 0..rounds {
-        latencies.push(flip(&mut mcp, &mut current));
-    }
+    let replaced: Vec<f64> = (0..rounds).map(|_| flip(&mut mcp)).collect();
     let after = resident_kib(pid);
+
+    let build = current + 1;
+    let mut greeting = "a";
+    let edited: Vec<f64> = (0..rounds)
+        .map(|_| {
+            greeting = if greeting == "a" { "b" } else { "a" };
+            let t = Instant::now();
+            let tmp = s.write(
+                ".cordis.yml.swp",
+                &format!("- name: fixture-reload\n  config:\n    greeting: {greeting}\n"),
+            );
+            std::fs::rename(tmp, s.path().join("cordis.yml")).expect("save cordis.yml");
+            until_answered(
+                &mut mcp,
+                "reload-version",
+                &format!("build {build}, greeting {greeting}"),
+                t,
+            )
+        })
+        .collect();
     assert!(mcp.finish().success());
-    let (p50, p99) = summarize(latencies);
-    let quiet = cordis_host::watch::QUIET.as_nanos() as f64;
-    println!("hot reload, library replaced on disk -> first call on the new generation ({rounds} reloads):");
+
+    let quiet = Quiet::DEFAULT;
     println!(
-        "  median {}  p99 {}  (of which the watcher's quiet period {}; reload work after it ~{})",
-        human(p50),
-        human(p99),
-        human(quiet),
-        human((p50 - quiet).max(0.0))
+        "hot reload -> first call on the new composition (quiet periods: {} after a library, {} after cordis.yml):",
+        human(quiet.library.as_nanos() as f64),
+        human(quiet.manifest.as_nanos() as f64)
     );
+    print_latencies("(a) library replaced by cp + mv", replaced);
     println!(
-        "  server resident memory {before} KiB -> {after} KiB: {:+.1} KiB per reload",
+        "      server resident memory {before} KiB -> {after} KiB: {:+.1} KiB per reload",
         (after as f64 - before as f64) / rounds as f64
     );
+    print_latencies("(c) cordis.yml saved by rename", edited);
+}
+
+/// (b): two plugins of one cargo workspace rebuilt by one `cargo build`.
+fn cargo_build_reload() {
+    let s = Scratch::new();
+    s.write(".cargo/config.toml", &workspace_profiles());
+    let names = ["bench-reload-a", "bench-reload-b"];
+    for name in names {
+        let mut new = s.cordis(&["new", name]);
+        new.env("CARGO_TARGET_DIR", cargo_target());
+        s.run_command(new, "cordis new").expect_code(0);
+        let toml = s.path().join(name).join("Cargo.toml");
+        let text = std::fs::read_to_string(&toml).expect("read Cargo.toml");
+        let member = text.replace(
+            "\n# Not part of any enclosing workspace.\n[workspace]\n",
+            "\n",
+        );
+        assert_ne!(text, member, "the scaffold's own [workspace] table moved");
+        std::fs::write(&toml, member).expect("write Cargo.toml");
+    }
+    s.write(
+        "Cargo.toml",
+        &format!("[workspace]\nmembers = {names:?}\nresolver = \"2\"\n"),
+    );
+    std::fs::copy(
+        workspace_root().join("Cargo.lock"),
+        s.path().join("Cargo.lock"),
+    )
+    .expect("copy Cargo.lock");
+    let libraries: Vec<std::path::PathBuf> = names
+        .iter()
+        .map(|n| target_dir().join(cordis_host::loader::library_file_name(n)))
+        .collect();
+    let build = || -> Duration {
+        let mut cmd = cargo(&s.path(), &["build", "--lib"]);
+        if target_dir().file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let t = Instant::now();
+        s.run_command(cmd, "cargo build").expect_code(0);
+        t.elapsed()
+    };
+    let edit = |round: usize| {
+        for name in names {
+            let path = s.path().join(name).join("src/lib.rs");
+            let src = std::fs::read_to_string(&path).expect("read src/lib.rs");
+            let edited = match round {
+                1 => src.replace(r#""{}, {name}!""#, r#""{}, {name}! (round 1)""#),
+                _ => src.replace(
+                    &format!("(round {})", round - 1),
+                    &format!("(round {round})"),
+                ),
+            };
+            assert_ne!(src, edited, "the edit changed nothing");
+            std::fs::write(&path, edited).expect("write src/lib.rs");
+        }
+    };
+    let tools: Vec<String> = names
+        .iter()
+        .map(|n| format!("{}_greet", n.replace('-', "_")))
+        .collect();
+
+    with_build_lock(|| {
+        build();
+        let entries: String = names
+            .iter()
+            .zip(&libraries)
+            .map(|(n, l)| format!("- name: {n}\n  path: {}\n", l.display()))
+            .collect();
+        s.manifest(&entries);
+        let log = s.path().join("run.log");
+        let mut cmd = s.cordis(&["run"]);
+        cmd.env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).expect("create the log"));
+        let mut mcp = McpStdio::start(cmd);
+        for tool in &tools {
+            until_answered(&mut mcp, tool, "hello, Ada!", Instant::now());
+        }
+        let rounds = 5;
+        let mut after_exit = Vec::with_capacity(rounds);
+        let mut cargo_times = Vec::with_capacity(rounds);
+        for round in 1..=rounds {
+            edit(round);
+            cargo_times.push(build().as_nanos() as f64);
+            let exited = Instant::now();
+            let want = format!("hello, Ada! (round {round})");
+            for tool in &tools {
+                until_answered(&mut mcp, tool, &want, exited);
+            }
+            after_exit.push(exited.elapsed().as_nanos() as f64);
+        }
+        assert!(mcp.finish().success());
+        let log = std::fs::read_to_string(&log).expect("read the log");
+        let reloads = log.matches("reload: ").count();
+        let (build_p50, _) = summarize(cargo_times);
+        print_latencies(
+            &format!(
+                "(b) `cargo build` of two plugins ({} each), from cargo's exit",
+                human(build_p50)
+            ),
+            after_exit,
+        );
+        println!("      reloads: {reloads} for {rounds} builds");
+        assert_eq!(
+            reloads, rounds,
+            "one build of two plugins must be exactly one reload:\n{log}"
+        );
+    });
+    for lib in libraries {
+        let _ = std::fs::remove_file(lib);
+    }
 }
 
 fn main() {
     read_round_trips();
-    let (s, lib) = reload_project(1, "- name: fixture-reload\n");
-    reload_latency(&lib, &s);
+    reload_latency();
+    cargo_build_reload();
 }

@@ -75,6 +75,43 @@ pub fn with_build_lock<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// The workspace's cargo target directory (the parent of `target/<profile>`).
+pub fn cargo_target() -> PathBuf {
+    target_dir()
+        .parent()
+        .expect("the profile directory has a parent")
+        .to_path_buf()
+}
+
+/// A cargo command for the scaffolded crate in `dir`, sharing the workspace's target
+/// directory (so the dependencies already built are reused) and its lock file.
+pub fn cargo(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(dir)
+        .args(args)
+        .env("CARGO_TARGET_DIR", cargo_target());
+    cmd
+}
+
+/// The workspace's `[profile.*]` sections, for a cargo config next to the scaffold: the
+/// same profile means the same artifacts in the shared target directory.
+pub fn workspace_profiles() -> String {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml"))
+        .expect("read the workspace manifest");
+    let mut out = String::new();
+    let mut keep = false;
+    for line in manifest.lines() {
+        if line.starts_with('[') {
+            keep = line.starts_with("[profile");
+        }
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// The fixture plugin `fixture-reload` built by a real `cargo build` with
 /// `CORDIS_FIXTURE_GENERATION=generation` baked in (cached per generation).
 pub fn fixture_reload_build(generation: u32) -> PathBuf {
