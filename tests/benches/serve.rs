@@ -8,7 +8,8 @@
 //!   number of reloads: exactly one per build), (c) after a `cordis.yml` edit saved the way
 //!   editors save (write beside, rename).
 //!
-//! Run with `cargo bench -p cordis-e2e --bench serve`. Distributions of whole requests are
+//! Run with `cargo bench -p cordis-e2e --bench serve` (`-- read`, `-- reload` or `-- cargo`
+//! for one part). Distributions of whole requests are
 //! timed directly (criterion's per-iteration model does not give p99 of a live server).
 
 use std::time::{Duration, Instant};
@@ -380,8 +381,21 @@ fn cargo_build_reload() {
     }
 }
 
+/// `cargo bench -p cordis-e2e --bench serve [-- read|reload|cargo ...]`: the named parts,
+/// or all of them.
 fn main() {
-    read_round_trips();
-    reload_latency();
-    cargo_build_reload();
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let parts: [(&str, fn()); 3] = [
+        ("read", read_round_trips),
+        ("reload", reload_latency),
+        ("cargo", cargo_build_reload),
+    ];
+    for (name, part) in parts {
+        if wanted.is_empty() || wanted.iter().any(|w| w == name) {
+            part();
+        }
+    }
 }
