@@ -81,10 +81,19 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
+/// How often a held cargo build lock is tried while waiting for cargo to finish.
+const CARGO_POLL: Duration = Duration::from_millis(5);
+
+/// How long a batch waits for cargo at most. A lock held longer (a stuck build) is not
+/// allowed to stop reloads for good: what is on disk then is loaded, and the loader's
+/// completeness check refuses a library still being written.
+const CARGO_PATIENCE: Duration = Duration::from_secs(600);
+
 /// The next batch of changed paths: waits for a change, then until the batch is complete.
 /// While cargo holds the build lock of a changed library's directory, that is when cargo
-/// releases it (then at once); otherwise when no change has come for the longest `quiet`
-/// period of the paths changed so far. `None` when the watcher is gone.
+/// releases it (then at once, with every change seen meanwhile); otherwise when no change
+/// has come for the longest `quiet` period of the paths changed so far. `None` when the
+/// watcher is gone.
 pub(crate) fn next_batch(
     rx: &Receiver<Vec<PathBuf>>,
     quiet: impl Fn(&Path) -> Duration,
@@ -92,22 +101,40 @@ pub(crate) fn next_batch(
     let first = rx.recv().ok()?;
     let first_seen = Instant::now();
     let mut paths: BTreeSet<PathBuf> = first.into_iter().collect();
+    let mut cargo_since: Option<Instant> = None;
     loop {
-        if let Some(lock) = paths
+        let building = paths
             .iter()
             .filter(|p| is_library(p))
-            .find_map(|p| held_cargo_lock(p))
-        {
-            tracing::debug!("waiting for cargo to release {}", lock.display());
-            wait_for_unlock(&lock);
-            while let Ok(more) = rx.try_recv() {
-                paths.extend(more);
+            .find_map(|p| held_cargo_lock(p));
+        let wait = match (building, cargo_since) {
+            (Some(lock), _) => {
+                let since = *cargo_since.get_or_insert_with(|| {
+                    tracing::debug!("waiting for cargo to release {}", lock.display());
+                    Instant::now()
+                });
+                if since.elapsed() >= CARGO_PATIENCE {
+                    tracing::warn!(
+                        "cargo has held {} for {} s; reloading what is on disk now",
+                        lock.display(),
+                        since.elapsed().as_secs()
+                    );
+                    return Some(Batch { paths, first_seen });
+                }
+                CARGO_POLL
             }
-            return Some(Batch { paths, first_seen });
-        }
-        let wait = paths.iter().map(|p| quiet(p)).max().unwrap_or_default();
+            (None, Some(_)) => {
+                // Cargo is done: everything it wrote has been seen.
+                while let Ok(more) = rx.try_recv() {
+                    paths.extend(more);
+                }
+                return Some(Batch { paths, first_seen });
+            }
+            (None, None) => paths.iter().map(|p| quiet(p)).max().unwrap_or_default(),
+        };
         match rx.recv_timeout(wait) {
             Ok(more) => paths.extend(more),
+            Err(RecvTimeoutError::Timeout) if cargo_since.is_some() => {}
             Err(RecvTimeoutError::Timeout) => return Some(Batch { paths, first_seen }),
             Err(RecvTimeoutError::Disconnected) => return None,
         }
@@ -115,7 +142,8 @@ pub(crate) fn next_batch(
 }
 
 /// The build lock of the cargo output directory `library` lies in (its own directory, or
-/// the one above for `deps/`), when some process holds it now.
+/// the one above for `deps/`), when some process holds it now. Only tried, never held:
+/// cargo's next build never waits for this host.
 fn held_cargo_lock(library: &Path) -> Option<PathBuf> {
     library
         .ancestors()
@@ -131,14 +159,6 @@ fn held_cargo_lock(library: &Path) -> Option<PathBuf> {
                 Err(std::fs::TryLockError::WouldBlock)
             )
         })
-}
-
-/// Blocks until nobody holds `lock` exclusively: takes a shared lock and releases it at
-/// once (cargo's next build waits at most for that instant).
-fn wait_for_unlock(lock: &Path) {
-    if let Ok(file) = std::fs::File::open(lock) {
-        let _ = file.lock_shared();
-    }
 }
 
 /// Watches `runtime`'s files on a background thread until the process ends, waiting
