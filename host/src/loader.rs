@@ -196,7 +196,7 @@ impl Copies {
 /// Which file a library is and when it last changed, as the filesystem already knows it:
 /// a generation is identified without reading its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileId {
+struct FileId {
     dev: u64,
     ino: u64,
     size: u64,

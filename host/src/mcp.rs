@@ -135,10 +135,9 @@ where
     result
 }
 
-/// The protocol's input or output stream.
-type Stream<T> = Box<T>;
-type Input = Stream<dyn AsyncRead + Send + Unpin>;
-type Output = Stream<dyn AsyncWrite + Send + Unpin>;
+/// The protocol's input and output streams.
+type Input = Box<dyn AsyncRead + Send + Unpin>;
+type Output = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// The protocol's stdin/stdout. The real stdout is kept on a private descriptor for MCP
 /// and descriptor 1 is pointed at stderr, so a stray print from a plugin (or anything

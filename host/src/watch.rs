@@ -47,12 +47,6 @@ impl Quiet {
     }
 }
 
-impl Default for Quiet {
-    fn default() -> Self {
-        Quiet::DEFAULT
-    }
-}
-
 /// Changes that belong together, and when the first of them was seen.
 #[derive(Debug)]
 pub(crate) struct Batch {
