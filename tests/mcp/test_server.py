@@ -208,9 +208,11 @@ async def test_the_approval_prompt_shows_the_whole_request_and_cannot_be_forged(
             assert r.is_error, show(r)
     assert len(approver.requests) == 3, approver.requests
     bash, write, forged = (r.message for r in approver.requests)
-    # The whole command, the tail included, wrapped rather than cut.
-    assert "touch" in bash and "pwned" in bash and "…" not in bash, bash
-    assert bash.replace("\n  ┆ ", "").count("a" * 400) == 1, bash
+    # The whole command, the tail included, wrapped rather than cut (where the wrap falls
+    # depends on the length of the temporary path, so compare with the wraps joined).
+    unwrapped = bash.replace("\n  ┆ ", "")
+    assert "…" not in bash, bash
+    assert unwrapped.count(long_command) == 1, bash
     # The content of the write, as a diff against the current file.
     assert "+HIDDEN PAYLOAD" in write and " original" in write, write
     # No agent text starts a line of its own: newlines are escaped in the summary and
