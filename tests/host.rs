@@ -493,3 +493,45 @@ fn a_client_on_a_socket_rather_than_a_pipe_is_served_too() {
         .expect("end the input");
     assert!(child.0.wait().expect("wait").success());
 }
+
+/// `cordis call` marks the session it makes; `cordis session prune` removes those when they
+/// are old enough, and never a session made by `cordis session new`, however old.
+#[test]
+fn session_prune_removes_what_cordis_call_made_and_nothing_else() {
+    let s = Scratch::with_bundled_manifest();
+    let kept = s.run(&["session", "new"]);
+    kept.expect_code(0);
+    let kept = kept.stdout().trim().to_string();
+    for _ in 0..2 {
+        s.run(&["call", "list", r#"{"path": "."}"#]).expect_code(0);
+    }
+    let ids = || {
+        let listed = s.run(&["session", "list"]);
+        listed.expect_code(0);
+        listed
+            .stdout()
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids().len(), 3, "{:?}", ids());
+    // Just made: younger than the default hour.
+    s.run(&["session", "prune"])
+        .expect_code(0)
+        .expect_output(&["removed 0 session(s)"]);
+    let log = s.state_dir().join("sessions").join(format!("{kept}.jsonl"));
+    let week_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7 * 86_400);
+    std::fs::File::options()
+        .append(true)
+        .open(&log)
+        .and_then(|f| f.set_modified(week_ago))
+        .expect("age the long-lived session");
+    s.run(&["session", "prune", "--older-than", "0s"])
+        .expect_code(0)
+        .expect_output(&["removed 2 session(s) made by `cordis call`"]);
+    assert_eq!(ids(), [kept.as_str()]);
+    s.run(&["session", "show", &kept]).expect_code(0);
+    s.run(&["session", "prune", "--older-than", "soon"])
+        .expect_code(2)
+        .expect_output(&["`soon` is not a duration"]);
+}

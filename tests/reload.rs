@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cordis_e2e::{
     eventually, fixture_reload_build, reload_project, replace_file, McpStdio, Runtime,
 };
-use cordis_host::runtime::{ReloadError, ReloadReport};
+use cordis_engine::runtime::{ReloadError, ReloadReport};
 use cordis_sdk::{CallContext, SessionInfo};
 use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs};
 
@@ -74,7 +74,7 @@ fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
     let copy = |g: &u64| {
         format!(
             "/g{g}-{}",
-            cordis_host::loader::library_file_name("fixture-reload")
+            cordis_engine::loader::library_file_name("fixture-reload")
         )
     };
     let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
@@ -638,7 +638,10 @@ fn reading_a_library_is_not_a_change() {
     // Other processes load the libraries, and every reload reads them itself: if reads
     // counted as changes, an idle host would re-plan forever.
     let (s, lib) = reload_project(1, "- name: fixture-reload\n");
-    let (mut mcp, log_path) = serve_logged(&s, "cordis_host=debug,cordis_host::watch=trace");
+    let (mut mcp, log_path) = serve_logged(
+        &s,
+        "cordis_engine=debug,cordis_cli=debug,cordis_cli::watch=trace",
+    );
     for _ in 0..3 {
         std::fs::read(&lib).expect("read the library");
         s.run(&["check", "--plugin-path", "plugins"]).expect_code(0);

@@ -68,7 +68,7 @@ impl Scaffold {
         std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock"))
             .expect("copy Cargo.lock");
         Scaffold {
-            library: target_dir().join(cordis_host::loader::library_file_name(name)),
+            library: target_dir().join(cordis_engine::loader::library_file_name(name)),
             printed: text(&created),
             scratch,
             dir,
@@ -289,6 +289,23 @@ fn cordis_new_refuses_bad_names_and_existing_directories() {
         .expect_code(1)
         .expect_output(&["the cordis SDK is not at no/such/sdk", "--sdk-path"]);
     assert!(!scratch.path().join("elsewhere").exists());
+    // An SDK without `test-support` beside it: the message names the crate that is missing.
+    let lone = scratch.path().join("lone/sdk");
+    std::fs::create_dir_all(&lone).unwrap();
+    std::fs::copy(
+        workspace_root().join("plugins/sdk/Cargo.toml"),
+        lone.join("Cargo.toml"),
+    )
+    .unwrap();
+    scratch
+        .run(&["new", "elsewhere", "--sdk-path", "lone/sdk"])
+        .expect_code(1)
+        .expect_output(&[
+            "the plugin test harness `cordis-test` is not at",
+            "lone/test-support (beside the SDK at lone/sdk)",
+            "--sdk-path",
+        ]);
+    assert!(!scratch.path().join("elsewhere").exists());
 }
 
 struct StandIn;
@@ -343,7 +360,7 @@ fn test_support_runs_the_example_plugin_and_its_service() {
     let wrong = started.service::<GreeterV2Client>("greeter").err().unwrap();
     assert!(
         wrong.to_string().contains(
-            "implements interface example.greeter v1, but this plugin needs example.greeter v2"
+            "this plugin injects `greeter` as example.greeter v2, but the composition provides it as example.greeter v1; interface versions must match exactly"
         ),
         "{wrong}"
     );
@@ -390,7 +407,7 @@ fn test_support_refuses_what_cordis_check_refuses() {
         plugin("fixture-greeter-consumer")
             .stand_in("greeter", GreeterV2Client::serve(StandIn))
             .start(),
-        &["injects `greeter` as example.greeter v1, but the stand-in implements example.greeter v2"],
+        &["injects `greeter` as example.greeter v1, but the stand-in provides it as example.greeter v2"],
     );
     check(
         plugin("cordis-example")
@@ -441,37 +458,51 @@ fn sdk_copy(dir: &Path, version: &str) -> PathBuf {
     copy
 }
 
-#[test]
-fn a_plugin_built_against_an_incompatible_sdk_is_refused_with_both_versions() {
-    let scratch = Scratch::new();
-    scratch.write(".cargo/config.toml", &workspace_profiles());
-    let sdk = sdk_copy(&scratch.path(), "1.0.0");
+/// This host's cordis-sdk version and the ABI it speaks.
+fn host_sdk() -> (&'static str, String) {
     let host_sdk = env!("CARGO_PKG_VERSION");
     let host_abi = match host_sdk.split('.').collect::<Vec<_>>()[..] {
         ["0", minor, _] => format!("0.{minor}"),
         [major, ..] => major.to_string(),
         _ => unreachable!("a semver version"),
     };
+    (host_sdk, host_abi)
+}
+
+/// A scratch directory whose `cordis.yml` composes plugin `name` built against a copy of the
+/// SDK whose version is `version`.
+fn plugin_against_sdk(name: &str, version: &str) -> Scratch {
+    let scratch = Scratch::new();
+    scratch.write(".cargo/config.toml", &workspace_profiles());
+    let sdk = sdk_copy(&scratch.path(), version);
     scratch.write(
-        "future/Cargo.toml",
+        "other/Cargo.toml",
         &format!(
-            "[package]\nname = \"future-plugin\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\ncordis-sdk = {{ path = \"{}\" }}\nschemars = \"1\"\nserde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n",
+            "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\ncordis-sdk = {{ path = \"{}\" }}\nschemars = \"1\"\nserde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n",
             sdk.display()
         ),
     );
     scratch.write(
-        "future/src/lib.rs",
-        "//! A plugin built against a future, incompatible SDK.\nuse cordis_sdk::prelude::*;\n#[derive(Deserialize, JsonSchema)]\npub struct Config {}\npub struct Future;\nimpl Plugin for Future {\n    type Config = Config;\n    fn metadata() -> Metadata { Metadata::new(\"future-plugin\", \"0.1.0\") }\n    fn apply(_ctx: &mut Context<'_>, _config: Config) -> Result<Self> { Ok(Future) }\n}\ncordis_sdk::export_plugin!(Future);\n",
+        "other/src/lib.rs",
+        &format!("//! A plugin built against another SDK release.\nuse cordis_sdk::prelude::*;\n#[derive(Deserialize, JsonSchema)]\npub struct Config {{}}\npub struct Other;\nimpl Plugin for Other {{\n    type Config = Config;\n    fn metadata() -> Metadata {{ Metadata::new(\"{name}\", \"0.1.0\") }}\n    fn apply(_ctx: &mut Context<'_>, _config: Config) -> Result<Self> {{ Ok(Other) }}\n}}\ncordis_sdk::export_plugin!(Other);\n"),
     );
-    let dir = scratch.path().join("future");
+    let dir = scratch.path().join("other");
     std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-    let library = target_dir().join(cordis_host::loader::library_file_name("future-plugin"));
+    let file = cordis_engine::loader::library_file_name(name);
+    let library = target_dir().join(&file);
     with_build_lock(|| {
         run(cargo(&dir, &["build"]), true);
         // Take it out of the shared output directory at once: it is no plugin of this host.
-        std::fs::rename(&library, scratch.path().join("libfuture_plugin.so")).unwrap();
+        std::fs::rename(&library, scratch.path().join(&file)).unwrap();
     });
-    scratch.manifest("- name: future-plugin\n  path: libfuture_plugin.so\n");
+    scratch.manifest(&format!("- name: {name}\n  path: {file}\n"));
+    scratch
+}
+
+#[test]
+fn a_plugin_built_against_an_incompatible_sdk_is_refused_with_both_versions() {
+    let scratch = plugin_against_sdk("future-plugin", "1.0.0");
+    let (host_sdk, host_abi) = host_sdk();
     scratch.run(&["check"]).expect_code(1).expect_output(&[
         "error[abi-mismatch]: entry `future-plugin`: cannot use",
         &format!("libfuture_plugin.so: ABI mismatch: the plugin was built against cordis-sdk 1.0.0 (ABI 1), this host against cordis-sdk {host_sdk} (ABI {host_abi}); rebuild the plugin with its `cordis-sdk` dependency set to the host's SDK ({host_abi}), or run a cordis built with the plugin's SDK"),
@@ -483,4 +514,25 @@ fn a_plugin_built_against_an_incompatible_sdk_is_refused_with_both_versions() {
             .contains("built against cordis-sdk 1.0.0 (ABI 1)"),
         "{err}"
     );
+}
+
+/// Below 1.0 the minor version is the ABI: a plugin of the next minor release is told so,
+/// with both versions and the rule, not that its types differ in layout.
+#[test]
+fn a_plugin_of_the_next_minor_sdk_release_is_told_which_rule_it_breaks() {
+    let (host_sdk, host_abi) = host_sdk();
+    let minor: u64 = host_abi
+        .strip_prefix("0.")
+        .map_or(0, |m| m.parse().unwrap());
+    assert!(
+        host_abi.starts_with("0."),
+        "update this test for SDK 1.0: {host_sdk}"
+    );
+    let next = format!("0.{}.0", minor + 1);
+    let scratch = plugin_against_sdk("next-minor-plugin", &next);
+    scratch.run(&["check"]).expect_code(1).expect_output(&[
+        "error[abi-mismatch]: entry `next-minor-plugin`: cannot use",
+        &format!("the plugin was built against cordis-sdk {next} (ABI 0.{}), this host against cordis-sdk {host_sdk} (ABI {host_abi})", minor + 1),
+        "a plugin must speak its host's ABI: the SDK's major version, or its minor version below 1.0",
+    ]);
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cordis_e2e::{unique, McpStdio, Outside, Scratch, Started, VICTIM};
-use cordis_host::registry::ToolSlot;
+use cordis_engine::registry::ToolSlot;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::{CallContext, SessionInfo, ToolResult};
 use dsh_sandbox::{

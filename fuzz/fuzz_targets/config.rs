@@ -9,9 +9,9 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use cordis_host::diag::Pos;
-use cordis_host::manifest::{self, Entry, Value as Yaml};
-use cordis_host::schema;
+use cordis_engine::diag::Pos;
+use cordis_engine::manifest::{self, Entry, Value as Yaml};
+use cordis_engine::schema;
 use libfuzzer_sys::fuzz_target;
 
 const SCHEMAS: &[(&str, &str)] = &[

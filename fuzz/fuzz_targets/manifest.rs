@@ -9,11 +9,11 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
-use cordis_host::diag::Diagnostics;
-use cordis_host::loader::SearchPath;
-use cordis_host::manifest::{self, Manifest};
-use cordis_host::plan::{self, PlanOptions};
-use cordis_host::Host;
+use cordis_engine::diag::Diagnostics;
+use cordis_engine::loader::SearchPath;
+use cordis_engine::manifest::{self, Manifest};
+use cordis_engine::plan::{self, PlanOptions};
+use cordis_engine::Host;
 use libfuzzer_sys::fuzz_target;
 
 /// The manifest file planning reads, next to an empty plugin directory.

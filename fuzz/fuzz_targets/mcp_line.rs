@@ -19,9 +19,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use cordis_host::mcp::{serve_io, McpOptions, ToolListNotifier};
-use cordis_host::runtime::Runtime;
-use cordis_host::Host;
+use cordis_cli::mcp::{serve_io, McpOptions, ToolListNotifier};
+use cordis_engine::runtime::Runtime;
+use cordis_engine::Host;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 

@@ -14,12 +14,12 @@
 
 use std::time::{Duration, Instant};
 
+use cordis_cli::watch::Quiet;
 use cordis_e2e::bench::human;
 use cordis_e2e::{
     cargo, cargo_target, fixture_reload_build, reload_project, replace_file, target_dir,
     with_build_lock, workspace_profiles, workspace_root, McpStdio, Scratch,
 };
-use cordis_host::watch::Quiet;
 use cordis_sdk::CallContext;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -299,7 +299,7 @@ fn cargo_build_reload() {
     .expect("copy Cargo.lock");
     let libraries: Vec<std::path::PathBuf> = names
         .iter()
-        .map(|n| target_dir().join(cordis_host::loader::library_file_name(n)))
+        .map(|n| target_dir().join(cordis_engine::loader::library_file_name(n)))
         .collect();
     let build = || -> Duration {
         let mut cmd = cargo(&s.path(), &["build", "--lib"]);

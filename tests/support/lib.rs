@@ -11,7 +11,7 @@ use std::time::Duration;
 
 pub mod bench;
 
-pub use cordis_host::{plan::Plan, registry::Registry, runtime::Runtime, Host};
+pub use cordis_engine::{plan::Plan, registry::Registry, runtime::Runtime, Host};
 pub use cordis_sdk::{Interface, Service};
 
 /// The workspace root.
@@ -116,7 +116,7 @@ pub fn workspace_profiles() -> String {
 /// `CORDIS_FIXTURE_GENERATION=generation` baked in (cached per generation).
 pub fn fixture_reload_build(generation: u32) -> PathBuf {
     let cache = target_dir().join("fixture-builds");
-    let file = cordis_host::loader::library_file_name("fixture-reload");
+    let file = cordis_engine::loader::library_file_name("fixture-reload");
     let cached = cache.join(format!("g{generation}-{file}"));
     with_build_lock(|| {
         if !cached.is_file() {
@@ -141,7 +141,7 @@ pub fn reload_project(generation: u32, manifest: &str) -> (Scratch, PathBuf) {
     let lib = s
         .path()
         .join("plugins")
-        .join(cordis_host::loader::library_file_name("fixture-reload"));
+        .join(cordis_engine::loader::library_file_name("fixture-reload"));
     replace_file(&fixture_reload_build(generation), &lib);
     s.manifest(manifest);
     (s, lib)
@@ -167,7 +167,7 @@ pub fn cordis_bin() -> PathBuf {
 
 /// A plugin library by plugin name.
 pub fn library(plugin: &str) -> PathBuf {
-    build_workspace().join(cordis_host::loader::library_file_name(plugin))
+    build_workspace().join(cordis_engine::loader::library_file_name(plugin))
 }
 
 /// A scratch directory for one test; kept (and its path printed) when a check fails.
@@ -350,7 +350,7 @@ impl Scratch {
             &self.state_dir(),
             false,
         );
-        host.options.copies = Some(std::sync::Arc::new(cordis_host::loader::Copies::new(
+        host.options.copies = Some(std::sync::Arc::new(cordis_engine::loader::Copies::new(
             self.state_dir().join("run"),
         )));
         Runtime::start(host).unwrap_or_else(|e| panic!("start failed: {e:#}"))

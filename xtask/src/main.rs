@@ -152,25 +152,28 @@ fn test() -> Result<(), String> {
     status(cmd, "the test suite")
 }
 
-/// The workspace's plugins (not test fixtures): `plugins/*` crates built as cdylibs.
+/// The workspace's plugins (not test fixtures): the cdylib crates in `plugins/bundled/` and
+/// `plugins/examples/`.
 fn workspace_plugins() -> Result<Vec<String>, String> {
-    let dir = root().join("plugins");
-    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut names = Vec::new();
-    for entry in entries.flatten() {
-        let manifest = entry.path().join("Cargo.toml");
-        let Ok(text) = std::fs::read_to_string(&manifest) else {
-            continue;
-        };
-        if !text.contains("\"cdylib\"") {
-            continue;
+    for group in ["plugins/bundled", "plugins/examples"] {
+        let dir = root().join(group);
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries.flatten() {
+            let manifest = entry.path().join("Cargo.toml");
+            let Ok(text) = std::fs::read_to_string(&manifest) else {
+                continue;
+            };
+            if !text.contains("\"cdylib\"") {
+                continue;
+            }
+            let name = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("name = \""))
+                .and_then(|rest| rest.strip_suffix('"'))
+                .ok_or_else(|| format!("{}: no package name", manifest.display()))?;
+            names.push(name.to_string());
         }
-        let name = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("name = \""))
-            .and_then(|rest| rest.strip_suffix('"'))
-            .ok_or_else(|| format!("{}: no package name", manifest.display()))?;
-        names.push(name.to_string());
     }
     names.sort();
     Ok(names)
@@ -230,13 +233,13 @@ const MUTANT_GROUPS: &[MutantGroup] = &[
     },
     MutantGroup {
         name: "host-sessions",
-        select: &["-p", "cordis-host", "-f", "host/src/sessions.rs"],
-        covering: "package(cordis-host) | binary(host) | binary(durability)",
+        select: &["-p", "cordis-engine", "-f", "host/engine/src/sessions.rs"],
+        covering: "package(cordis-engine) | binary(host) | binary(durability)",
     },
     MutantGroup {
         name: "host-plan",
-        select: &["-p", "cordis-host", "-f", "host/src/plan.rs"],
-        covering: "package(cordis-host) | binary(host) | binary(diagnostics) | binary(reload)",
+        select: &["-p", "cordis-engine", "-f", "host/engine/src/plan.rs"],
+        covering: "package(cordis-engine) | binary(host) | binary(diagnostics) | binary(reload)",
     },
 ];
 

@@ -182,7 +182,7 @@ mod service;
 
 pub use error::{codes, Error, Result};
 pub use plugin::{CallContext, Context, Metadata, Plugin, SessionInfo, Tool, ToolResult};
-pub use service::{decode_args, encode_result, serve, Interface, Service};
+pub use service::{decode_args, encode_result, serve, Interface, InterfaceMismatch, Service};
 
 pub use abi::Reconfigured;
 pub use schemars;

@@ -31,22 +31,69 @@ pub struct Service {
     handle: ServiceBox,
 }
 
+/// Why a service cannot be used as an interface: the one compatibility rule (identity and
+/// version must match exactly), applied by the SDK when a plugin injects a service, by the
+/// host when a plugin provides one and when it plans a composition, and by `cordis-test`
+/// when it checks a stand-in, all with the one message of [`InterfaceMismatch::explain`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceMismatch {
+    /// The registry name of the service.
+    pub service: String,
+    /// The interface identity and version wanted.
+    pub wanted: (String, u32),
+    /// The interface identity and version found.
+    pub found: (String, u32),
+}
+
+impl InterfaceMismatch {
+    /// `Err` unless `found` is exactly `wanted` (identity and version).
+    pub fn check(
+        service: &str,
+        wanted: (&str, u32),
+        found: (&str, u32),
+    ) -> std::result::Result<(), InterfaceMismatch> {
+        if wanted == found {
+            return Ok(());
+        }
+        Err(InterfaceMismatch {
+            service: service.to_string(),
+            wanted: (wanted.0.to_string(), wanted.1),
+            found: (found.0.to_string(), found.1),
+        })
+    }
+
+    /// The message: `consumer` (e.g. "entry `a`") injects the service, `provider` (e.g.
+    /// "entry `b`", "the stand-in") provides it.
+    pub fn explain(&self, consumer: &str, provider: &str) -> String {
+        format!(
+            "{consumer} injects `{}` as {} v{}, but {provider} provides it as {} v{}; interface versions must match exactly: rebuild one of them against the other's version of the seam crate",
+            self.service, self.wanted.0, self.wanted.1, self.found.0, self.found.1
+        )
+    }
+
+    /// What to do about it.
+    pub fn help(&self) -> String {
+        format!(
+            "rebuild both sides against the same version of the seam crate that defines `{}`",
+            self.wanted.0
+        )
+    }
+}
+
 impl Service {
     /// Wraps `handle`, checking it implements `I` (identity and version).
     pub fn checked<I: Interface>(name: &str, handle: ServiceBox) -> Result<I> {
         let actual = handle.interface();
-        if actual.interface.as_str() != I::ID || actual.version != I::VERSION {
+        if let Err(mismatch) = InterfaceMismatch::check(
+            name,
+            (I::ID, I::VERSION),
+            (actual.interface.as_str(), actual.version),
+        ) {
             return Err(Error::new(
                 codes::INTERFACE_MISMATCH,
-                format!(
-                    "service `{name}` implements interface {} v{}, but this plugin needs {} v{}",
-                    actual.interface,
-                    actual.version,
-                    I::ID,
-                    I::VERSION
-                ),
+                mismatch.explain("this plugin", "the composition"),
             )
-            .with_help("rebuild provider and consumer against the same seam crate version"));
+            .with_help(mismatch.help()));
         }
         Ok(I::from_service(Service {
             name: name.to_string(),

@@ -39,16 +39,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cordis_host::approval::{ApprovalRouter, ApprovalService};
-use cordis_host::diag::Pos;
-use cordis_host::loader::{Library, LoadError, Meta, ServiceSpec};
-use cordis_host::manifest::Entry;
-use cordis_host::plan::Planned;
-use cordis_host::registry::{ApplyError, Registry, UnknownTool};
-use cordis_host::sessions::{SessionStore, SessionsService};
+use cordis_engine::approval::{ApprovalRouter, ApprovalService};
+use cordis_engine::diag::Pos;
+use cordis_engine::loader::{Library, LoadError, Meta, ServiceSpec};
+use cordis_engine::manifest::Entry;
+use cordis_engine::plan::Planned;
+use cordis_engine::registry::{ApplyError, Registry, UnknownTool};
+use cordis_engine::sessions::{SessionStore, SessionsService};
 use cordis_sdk::abi::ServiceBox;
 use cordis_sdk::host::{ApprovalClient, ApprovalOutcome, SessionsClient, APPROVAL, SESSIONS};
-use cordis_sdk::{CallContext, Interface, Service, SessionInfo};
+use cordis_sdk::{CallContext, Interface, InterfaceMismatch, Service, SessionInfo};
 
 pub use cordis_sdk::ToolResult;
 
@@ -231,7 +231,7 @@ impl PluginUnderTest {
         let entry = self.entry();
         let meta = &self.library.meta;
         let mut problems: Vec<String> =
-            cordis_host::schema::validate_config(&entry, &meta.config_schema)
+            cordis_engine::schema::validate_config(&entry, &meta.config_schema)
                 .into_iter()
                 .map(|d| match d.help {
                     Some(h) => format!("{} (help: {h})", d.message),
@@ -335,13 +335,14 @@ impl PluginUnderTest {
                     "it requires service `{}` ({} v{}); supply one with `.stand_in(\"{}\", Client::serve(...))` using the seam crate's client",
                     inj.name, inj.interface, inj.version, inj.name
                 ),
-                Some((s, _)) if s.interface != inj.interface || s.version != inj.version => {
-                    format!(
-                        "it injects `{}` as {} v{}, but the stand-in implements {} v{}; build the stand-in with the same version of the seam crate",
-                        inj.name, inj.interface, inj.version, s.interface, s.version
-                    )
-                }
-                Some(_) => continue,
+                Some((s, _)) => match InterfaceMismatch::check(
+                    &inj.name,
+                    (&inj.interface, inj.version),
+                    (&s.interface, s.version),
+                ) {
+                    Ok(()) => continue,
+                    Err(mismatch) => mismatch.explain("it", "the stand-in"),
+                },
             };
             return Err(HarnessError::Injection {
                 plugin: meta.name.clone(),

@@ -1,0 +1,186 @@
+//! What a running `cordis run` tells other `cordis` processes about itself: a status file
+//! in its runtime directory (`<state dir>/run/<pid>/status.json`), rewritten atomically at
+//! start and after every reload, removed when it stops. `cordis services` reads it to show
+//! the generations a running host is serving.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use cordis_engine::runtime::Composition;
+
+/// One applied entry of a running host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryStatus {
+    /// The entry's id.
+    pub id: String,
+    /// The plugin's name.
+    pub plugin: String,
+    /// The plugin's version.
+    pub version: String,
+    /// The library file the entry was loaded from.
+    pub library: PathBuf,
+    /// The library generation it runs on (0: loaded in place, without watching).
+    pub generation: u64,
+}
+
+/// A running host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostStatus {
+    /// Its process id.
+    pub pid: u32,
+    /// The manifest it serves (canonical).
+    pub manifest: PathBuf,
+    /// When it started, in seconds since the Unix epoch.
+    pub started: u64,
+    /// How many reloads changed its composition.
+    pub reloads: u64,
+    /// Its entries, in dependency order.
+    pub entries: Vec<EntryStatus>,
+}
+
+/// The runtime directory of the host with process id `pid`.
+pub fn run_dir(state_dir: &Path, pid: u32) -> PathBuf {
+    state_dir.join("run").join(pid.to_string())
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl HostStatus {
+    /// The status of this process serving `manifest`, started now.
+    pub fn new(manifest: &Path) -> Self {
+        HostStatus {
+            pid: std::process::id(),
+            manifest: manifest
+                .canonicalize()
+                .unwrap_or_else(|_| manifest.to_path_buf()),
+            started: now(),
+            reloads: 0,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Takes the entries of `composition` and writes the status file into `state_dir`; a
+    /// failure to write is logged (only `cordis services` misses it).
+    pub fn publish(&mut self, composition: &Composition, state_dir: &Path) {
+        self.update(composition);
+        if let Err(e) = self.write(state_dir) {
+            tracing::warn!("cannot write the host status for `cordis services`: {e}");
+        }
+    }
+
+    fn update(&mut self, composition: &Composition) {
+        self.entries = composition
+            .plan
+            .entries
+            .iter()
+            .map(|p| EntryStatus {
+                id: p.entry.id.clone(),
+                plugin: p.library.meta.name.clone(),
+                version: p.library.meta.version.clone(),
+                library: p.library.path.clone(),
+                generation: p.library.generation,
+            })
+            .collect();
+    }
+
+    /// Writes the status file into `state_dir` atomically (a temp file renamed over it).
+    pub fn write(&self, state_dir: &Path) -> std::io::Result<()> {
+        let dir = run_dir(state_dir, self.pid);
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join("status.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(&tmp, dir.join("status.json"))
+    }
+
+    /// The statuses of the live hosts in `state_dir` serving `manifest`, by pid. A status
+    /// left behind by a host that died is skipped.
+    pub fn live(state_dir: &Path, manifest: &Path) -> Vec<HostStatus> {
+        let manifest = manifest
+            .canonicalize()
+            .unwrap_or_else(|_| manifest.to_path_buf());
+        let Ok(dirs) = std::fs::read_dir(state_dir.join("run")) else {
+            return Vec::new();
+        };
+        let mut live: Vec<HostStatus> = dirs
+            .filter_map(|d| {
+                let text = std::fs::read(d.ok()?.path().join("status.json")).ok()?;
+                serde_json::from_slice::<HostStatus>(&text).ok()
+            })
+            .filter(|s| s.manifest == manifest && is_alive(s.pid))
+            .collect();
+        live.sort_by_key(|s| s.pid);
+        live
+    }
+
+    /// How long it has been running.
+    pub fn uptime(&self) -> Duration {
+        Duration::from_secs(now().saturating_sub(self.started))
+    }
+}
+
+/// Whether process `pid` exists (signal 0 checks without sending anything).
+fn is_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl std::fmt::Display for HostStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let up = self.uptime().as_secs();
+        writeln!(
+            f,
+            "running: pid {}, up {}h{:02}m{:02}s, {} reload{}",
+            self.pid,
+            up / 3600,
+            up / 60 % 60,
+            up % 60,
+            self.reloads,
+            if self.reloads == 1 { "" } else { "s" }
+        )?;
+        for e in &self.entries {
+            writeln!(
+                f,
+                "  {}: plugin {} {}, generation {} ({})",
+                e.id,
+                e.plugin,
+                e.version,
+                e.generation,
+                e.library.display()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_statuses_only_for_this_manifest_and_living_pids() {
+        let state = tempfile::tempdir().unwrap();
+        let manifest = state.path().join("cordis.yml");
+        std::fs::write(&manifest, "[]\n").unwrap();
+        let mut me = HostStatus::new(&manifest);
+        me.reloads = 1;
+        me.write(state.path()).unwrap();
+        // A host that died without cleaning up, and a live one serving another manifest.
+        let mut dead = HostStatus::new(&manifest);
+        dead.pid = i32::MAX as u32;
+        dead.write(state.path()).unwrap();
+        let mut other = HostStatus::new(&state.path().join("other.yml"));
+        other.pid = 1;
+        other.write(state.path()).unwrap();
+        assert_eq!(HostStatus::live(state.path(), &manifest), vec![me]);
+    }
+}

@@ -1,0 +1,492 @@
+//! The service registry: applies a [`Plan`] in dependency order, keeps every provided
+//! service by name and every registered tool, and disposes entries in reverse order.
+//! It knows nothing about what the services mean.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use abi_stable::{
+    sabi_trait::TD_Opaque,
+    std_types::{RArc, ROption, RResult, RStr, RString},
+};
+use cordis_sdk::abi::{
+    HostCtxObj, HostCtxObj_TO, InstanceBox, LoggerBox, LoggerObj, LoggerObj_TO, RError, ServiceBox,
+    ToolBox, ToolDecl,
+};
+use cordis_sdk::{CallContext, InterfaceMismatch, ToolResult};
+use tracing::Level;
+
+use crate::loader::ServiceSpec;
+use crate::plan::{Plan, Planned, Provider};
+
+/// A service in the registry.
+pub struct ServiceSlot {
+    /// The service object.
+    pub handle: ServiceBox,
+    /// Its interface.
+    pub spec: ServiceSpec,
+    /// Who provides it.
+    pub provider: Provider,
+    /// The plugin behind it (`None` for host services).
+    pub plugin: Option<String>,
+    /// Entries that inject it.
+    pub consumers: Vec<String>,
+}
+
+/// A registered tool.
+#[derive(Clone)]
+pub struct ToolSlot {
+    /// Name, description and input schema.
+    pub decl: ToolDecl,
+    /// The handler.
+    pub handle: ToolBox,
+    /// The entry that registered it.
+    pub entry: String,
+}
+
+impl ToolSlot {
+    /// Runs one call. A tool's own error becomes an error result naming its code.
+    pub fn call(&self, call: &CallContext, args: &serde_json::Value) -> ToolResult {
+        let context = serde_json::to_string(call).unwrap_or_default();
+        let args = args.to_string();
+        match self
+            .handle
+            .call(RStr::from(context.as_str()), RStr::from(args.as_str()))
+        {
+            RResult::ROk(out) => ToolResult {
+                is_error: out.is_error,
+                text: out.text.into(),
+            },
+            RResult::RErr(e) => {
+                let e = cordis_sdk::Error::from(e);
+                let mut text = format!("error: {} [{}]", e.message, e.code);
+                if let Some(h) = e.help {
+                    text.push_str(&format!("\nhelp: {h}"));
+                }
+                ToolResult::error(text)
+            }
+        }
+    }
+}
+
+/// A call named a tool nobody registered.
+#[derive(Debug)]
+pub struct UnknownTool {
+    /// The name asked for.
+    pub name: String,
+    /// The registered tools.
+    pub known: Vec<String>,
+}
+
+impl std::fmt::Display for UnknownTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no tool `{}`; registered tools: {}",
+            self.name,
+            if self.known.is_empty() {
+                "none".to_string()
+            } else {
+                self.known.join(", ")
+            }
+        )
+    }
+}
+
+impl std::error::Error for UnknownTool {}
+
+/// An applied entry.
+pub struct Applied {
+    /// The entry id.
+    pub id: String,
+    /// The planned entry it came from.
+    pub planned: Planned,
+    instance: Option<InstanceBox>,
+}
+
+/// Services and tools of an applied composition.
+#[derive(Default)]
+pub struct Registry {
+    /// Services by name.
+    pub services: BTreeMap<String, ServiceSlot>,
+    /// Tools by name.
+    pub tools: BTreeMap<String, ToolSlot>,
+    /// Optional injections that nothing provides: (entry, service).
+    pub missing_optional: Vec<(String, String)>,
+    applied: Vec<Applied>,
+}
+
+/// An entry failed to apply; everything applied before it was disposed.
+#[derive(Debug)]
+pub struct ApplyError {
+    /// The failing entry.
+    pub entry: String,
+    /// Its plugin.
+    pub plugin: String,
+    /// Its manifest line.
+    pub line: usize,
+    /// What the plugin said.
+    pub error: Box<cordis_sdk::Error>,
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "entry `{}` (plugin `{}`, cordis.yml line {}) failed to apply: {} [{}]",
+            self.entry, self.plugin, self.line, self.error.message, self.error.code
+        )?;
+        if let Some(h) = &self.error.help {
+            write!(f, "\n  = help: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApplyError {}
+
+impl Registry {
+    /// A registry holding only the host's own services.
+    pub fn with_host_services(host: Vec<(ServiceSpec, ServiceBox)>) -> Self {
+        let mut reg = Registry::default();
+        for (spec, handle) in host {
+            reg.services.insert(
+                spec.name.clone(),
+                ServiceSlot {
+                    handle,
+                    spec,
+                    provider: Provider::Host,
+                    plugin: None,
+                    consumers: Vec::new(),
+                },
+            );
+        }
+        reg
+    }
+
+    /// Applies every entry of `plan` in order. On failure, disposes what was applied.
+    pub fn apply_plan(&mut self, plan: &Plan) -> Result<(), ApplyError> {
+        for planned in &plan.entries {
+            if let Err(e) = self.apply_entry(planned) {
+                self.dispose_all();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one entry (its providers must be applied already). On failure nothing of
+    /// the entry stays registered.
+    pub fn apply_entry(&mut self, planned: &Planned) -> Result<(), ApplyError> {
+        let entry = &planned.entry;
+        let meta = &planned.library.meta;
+        let fail = |error: cordis_sdk::Error| ApplyError {
+            entry: entry.id.clone(),
+            plugin: meta.name.clone(),
+            line: entry.pos.line,
+            error: Box::new(error),
+        };
+        let mut ctx = ApplyCtx {
+            registry: self,
+            planned,
+            provided: Vec::new(),
+            tools: Vec::new(),
+        };
+        let config = entry.config.to_string();
+        let outcome = (planned.library.module().apply())(
+            HostCtxObj_TO::from_ptr(&mut ctx, TD_Opaque),
+            RStr::from(config.as_str()),
+        );
+        let (provided, tools) = (ctx.provided, ctx.tools);
+        let undo = |reg: &mut Registry| {
+            for s in &provided {
+                reg.services.remove(s);
+            }
+            for t in &tools {
+                reg.tools.remove(t);
+            }
+        };
+        let mut instance = match outcome {
+            RResult::ROk(i) => i,
+            RResult::RErr(e) => {
+                undo(self);
+                return Err(fail(e.into()));
+            }
+        };
+        if let Some(missing) = meta.provides.iter().find(|s| !provided.contains(&s.name)) {
+            let _ = instance.dispose();
+            undo(self);
+            return Err(fail(cordis_sdk::Error::internal(format!(
+                "the plugin declares service `{}` but did not provide it in apply()",
+                missing.name
+            ))));
+        }
+        for inj in &meta.injects {
+            match self.services.get_mut(&inj.name) {
+                Some(slot) => slot.consumers.push(entry.id.clone()),
+                None => self
+                    .missing_optional
+                    .push((entry.id.clone(), inj.name.clone())),
+            }
+        }
+        tracing::debug!(entry = %entry.id, plugin = %meta.name, "applied");
+        self.applied.push(Applied {
+            id: entry.id.clone(),
+            planned: planned.clone(),
+            instance: Some(instance),
+        });
+        Ok(())
+    }
+
+    /// Disposes every applied entry in reverse order of application.
+    pub fn dispose_all(&mut self) {
+        while let Some(applied) = self.applied.pop() {
+            self.dispose_applied(applied);
+        }
+    }
+
+    /// Disposes one applied entry (its consumers must be disposed already). Returns whether
+    /// it was applied.
+    pub fn dispose_entry(&mut self, id: &str) -> bool {
+        match self.applied.iter().position(|a| a.id == id) {
+            Some(i) => {
+                let applied = self.applied.remove(i);
+                self.dispose_applied(applied);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn dispose_applied(&mut self, mut applied: Applied) {
+        self.services
+            .retain(|_, s| s.provider != Provider::Entry(applied.id.clone()));
+        self.tools.retain(|_, t| t.entry != applied.id);
+        for s in self.services.values_mut() {
+            s.consumers.retain(|c| c != &applied.id);
+        }
+        self.missing_optional.retain(|(e, _)| e != &applied.id);
+        if let Some(mut instance) = applied.instance.take() {
+            if let RResult::RErr(e) = instance.dispose() {
+                tracing::error!(entry = %applied.id, "dispose failed: {} [{}]", e.message, e.code);
+            }
+        }
+        tracing::debug!(entry = %applied.id, "disposed");
+    }
+
+    /// Offers an applied entry a new config in place. `Ok(true)`: taken in place;
+    /// `Ok(false)`: the plugin asks for a restart.
+    pub fn reconfigure(
+        &mut self,
+        id: &str,
+        config: &serde_json::Value,
+    ) -> Result<bool, cordis_sdk::Error> {
+        let Some(applied) = self.applied.iter_mut().find(|a| a.id == id) else {
+            return Ok(false);
+        };
+        let Some(instance) = applied.instance.as_mut() else {
+            return Ok(false);
+        };
+        let text = config.to_string();
+        match instance.reconfigure(RStr::from(text.as_str())) {
+            RResult::ROk(cordis_sdk::Reconfigured::Applied) => {
+                applied.planned.entry.config = config.clone();
+                Ok(true)
+            }
+            RResult::ROk(cordis_sdk::Reconfigured::Restart) => Ok(false),
+            RResult::RErr(e) => Err(e.into()),
+        }
+    }
+
+    /// Calls tool `name` in a session. A tool's own error becomes an error result naming
+    /// its code; only an unknown tool is an `Err`.
+    pub fn call_tool(
+        &self,
+        name: &str,
+        call: &CallContext,
+        args: &serde_json::Value,
+    ) -> Result<ToolResult, UnknownTool> {
+        Ok(self.tool(name)?.call(call, args))
+    }
+
+    /// The tool registered as `name`.
+    pub fn tool(&self, name: &str) -> Result<&ToolSlot, UnknownTool> {
+        self.tools.get(name).ok_or_else(|| UnknownTool {
+            name: name.to_string(),
+            known: self.tools.keys().cloned().collect(),
+        })
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.dispose_all();
+    }
+}
+
+struct ApplyCtx<'a> {
+    registry: &'a mut Registry,
+    planned: &'a Planned,
+    provided: Vec<String>,
+    tools: Vec<String>,
+}
+
+fn rerr(code: &str, message: String, help: Option<String>) -> RError {
+    RError {
+        code: code.into(),
+        message: message.into(),
+        help: help.map(RString::from).into(),
+        data: RString::new(),
+    }
+}
+
+impl HostCtxObj for ApplyCtx<'_> {
+    fn entry_id(&self) -> RString {
+        self.planned.entry.id.as_str().into()
+    }
+
+    fn inject(&self, name: RStr<'_>) -> ROption<ServiceBox> {
+        let declared = self
+            .planned
+            .library
+            .meta
+            .injects
+            .iter()
+            .any(|i| i.name == name.as_str());
+        match self.registry.services.get(name.as_str()) {
+            Some(slot) if declared => ROption::RSome(slot.handle.clone()),
+            _ => ROption::RNone,
+        }
+    }
+
+    fn provide(&mut self, name: RStr<'_>, service: ServiceBox) -> RResult<(), RError> {
+        let meta = &self.planned.library.meta;
+        let Some(spec) = meta.provides.iter().find(|s| s.name == name.as_str()) else {
+            return RResult::RErr(rerr(
+                "UNDECLARED_SERVICE",
+                format!(
+                    "plugin `{}` provides `{name}` without declaring it",
+                    meta.name
+                ),
+                Some(format!("add `.provides::<...>(\"{name}\")` to metadata()")),
+            ));
+        };
+        let actual = service.interface();
+        if let Err(mismatch) = InterfaceMismatch::check(
+            name.as_str(),
+            (&spec.interface, spec.version),
+            (actual.interface.as_str(), actual.version),
+        ) {
+            return RResult::RErr(rerr(
+                "INTERFACE_MISMATCH",
+                format!(
+                    "plugin `{}` provides a service other than the one it declared: {}",
+                    meta.name,
+                    mismatch.explain("its metadata", "its `apply`")
+                ),
+                Some(mismatch.help()),
+            ));
+        }
+        if self.registry.services.contains_key(name.as_str()) {
+            return RResult::RErr(rerr(
+                "DUPLICATE_SERVICE",
+                format!("service `{name}` is already provided"),
+                None,
+            ));
+        }
+        self.registry.services.insert(
+            name.to_string(),
+            ServiceSlot {
+                handle: service,
+                spec: spec.clone(),
+                provider: Provider::Entry(self.planned.entry.id.clone()),
+                plugin: Some(meta.name.clone()),
+                consumers: Vec::new(),
+            },
+        );
+        self.provided.push(name.to_string());
+        RResult::ROk(())
+    }
+
+    fn register_tool(&mut self, decl: ToolDecl, tool: ToolBox) -> RResult<(), RError> {
+        let name = decl.name.to_string();
+        if let Some(existing) = self.registry.tools.get(&name) {
+            return RResult::RErr(rerr(
+                "DUPLICATE_TOOL",
+                format!(
+                    "tool `{name}` is already registered by entry `{}`",
+                    existing.entry
+                ),
+                Some("compose only one plugin that registers this tool".into()),
+            ));
+        }
+        self.registry.tools.insert(
+            name.clone(),
+            ToolSlot {
+                decl,
+                handle: tool,
+                entry: self.planned.entry.id.clone(),
+            },
+        );
+        self.tools.push(name);
+        RResult::ROk(())
+    }
+
+    fn logger(&self) -> LoggerBox {
+        plugin_logger(&self.planned.entry.id, &self.planned.library.meta.name)
+    }
+}
+
+/// The host side of the logging bridge: plugin events become host `tracing` events whose
+/// message starts with the entry id, with a `plugin` field.
+#[derive(Clone)]
+struct PluginLogger {
+    entry: Arc<str>,
+    plugin: Arc<str>,
+}
+
+fn plugin_logger(entry: &str, plugin: &str) -> LoggerBox {
+    LoggerObj_TO::from_ptr(
+        RArc::new(PluginLogger {
+            entry: entry.into(),
+            plugin: plugin.into(),
+        }),
+        TD_Opaque,
+    )
+}
+
+fn level_of(level: u8) -> Level {
+    match level {
+        1 => Level::ERROR,
+        2 => Level::WARN,
+        3 => Level::INFO,
+        4 => Level::DEBUG,
+        _ => Level::TRACE,
+    }
+}
+
+impl LoggerObj for PluginLogger {
+    fn enabled(&self, level: u8) -> bool {
+        level_of(level) <= tracing::level_filters::LevelFilter::current()
+    }
+
+    fn log(&self, level: u8, target: RStr<'_>, message: RStr<'_>) {
+        let (entry, plugin) = (&*self.entry, &*self.plugin);
+        let (target, message) = (target.as_str(), message.as_str());
+        match level_of(level) {
+            Level::ERROR => {
+                tracing::error!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            Level::WARN => {
+                tracing::warn!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            Level::INFO => {
+                tracing::info!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            Level::DEBUG => {
+                tracing::debug!(target: "plugin", plugin, source = target, "[{entry}] {message}")
+            }
+            _ => tracing::trace!(target: "plugin", plugin, source = target, "[{entry}] {message}"),
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! A running composition as the front-ends see it: the tool list, tool calls in a session,
+//! the model context for a session, and transactional reloads. Calls take a snapshot of the
+//! tool and of the current generation's libraries under a short lock and run without it,
+//! so concurrent calls never wait for each other, a call that is in flight during a reload
+//! finishes on the generation it started on, and calls that arrive during a reload wait for
+//! the swap and then go to the new generation.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cordis_sdk::host::{ModelContextClient, MODEL_CONTEXT_INTERFACE};
+use cordis_sdk::{CallContext, Interface, Service, ToolResult};
+
+use crate::diag::Diagnostics;
+use crate::loader::Library;
+use crate::plan::{Plan, Planned, Provider};
+use crate::registry::{ApplyError, Registry, UnknownTool};
+use crate::Host;
+
+/// A tool as a front-end lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolInfo {
+    /// Unique name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its input.
+    pub input_schema: serde_json::Value,
+}
+
+/// The applied composition.
+pub struct Composition {
+    /// The plan it was applied from.
+    pub plan: Plan,
+    /// Its services and tools.
+    pub registry: Registry,
+    /// Every library of this generation; a call holds a clone until it returns.
+    libraries: Arc<Vec<Arc<Library>>>,
+}
+
+impl Composition {
+    fn new(plan: Plan, registry: Registry) -> Self {
+        let libraries = Arc::new(plan.entries.iter().map(|p| p.library.clone()).collect());
+        Composition {
+            plan,
+            registry,
+            libraries,
+        }
+    }
+}
+
+type Listener = Box<dyn Fn(&ReloadReport) + Send + Sync>;
+
+/// A host with its composition applied.
+pub struct Runtime {
+    /// The host (sessions, approvals, options).
+    pub host: Host,
+    composition: Mutex<Composition>,
+    /// Held by a reload; `true` once the runtime was shut down (no reload after that).
+    reloading: Mutex<bool>,
+    /// Held while reloads must wait (a `--dev` build writing libraries one by one).
+    held: Mutex<()>,
+    reload_listeners: Mutex<Vec<Listener>>,
+}
+
+/// Something taken out of the composition (a tool, service handles) together with the
+/// generation it belongs to, so a call finishes on the generation it started on. Fields
+/// drop in order: the handles before the libraries that hold their code.
+struct Held<T> {
+    value: T,
+    _libraries: Arc<Vec<Arc<Library>>>,
+}
+
+/// What one reload did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// Entries added.
+    pub added: Vec<String>,
+    /// Entries removed (or disabled).
+    pub removed: Vec<String>,
+    /// Entries whose new config was taken in place.
+    pub reconfigured: Vec<String>,
+    /// Entries restarted, with old and new library generation.
+    pub restarted: Vec<(String, u64, u64)>,
+    /// Whether the tool list changed.
+    pub tools_changed: bool,
+    /// How long it took, in milliseconds.
+    pub millis: u128,
+}
+
+impl ReloadReport {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.reconfigured.is_empty()
+            && self.restarted.is_empty()
+    }
+}
+
+impl std::fmt::Display for ReloadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        let restarted: Vec<String> = self
+            .restarted
+            .iter()
+            .map(|(id, old, new)| format!("{id} g{old}→g{new}"))
+            .collect();
+        write!(
+            f,
+            "reload: added {}; removed {}; reconfigured in place {}; restarted {}; {} ms",
+            list(&self.added),
+            list(&self.removed),
+            list(&self.reconfigured),
+            list(&restarted),
+            self.millis
+        )
+    }
+}
+
+/// Why a reload left the running composition as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new composition is invalid; nothing was touched.
+    #[error("the new composition is invalid; still running the previous one\n{0}")]
+    Invalid(Diagnostics),
+    /// An entry failed to apply; the affected entries were rolled back.
+    #[error("{error}; rolled back to the previous libraries and configs{}", if *.rolled_back { "" } else { " (the rollback itself failed: see the log)" })]
+    Apply {
+        /// The failure.
+        error: ApplyError,
+        /// Whether every affected entry was restored.
+        rolled_back: bool,
+    },
+}
+
+impl Runtime {
+    /// Plans and applies `host`'s manifest.
+    pub fn start(host: Host) -> anyhow::Result<Arc<Runtime>> {
+        let (plan, registry) = host.start()?;
+        Ok(Arc::new(Runtime {
+            host,
+            composition: Mutex::new(Composition::new(plan, registry)),
+            reloading: Mutex::new(false),
+            held: Mutex::new(()),
+            reload_listeners: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Makes every reload wait until the guard is dropped.
+    pub fn hold_reloads(&self) -> MutexGuard<'_, ()> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls `listener` after every reload that changed something, with its report.
+    pub fn on_reloaded(&self, listener: impl Fn(&ReloadReport) + Send + Sync + 'static) {
+        self.reload_listeners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(listener));
+    }
+
+    /// The manifest and library files this composition was built from (what to watch).
+    pub fn watched_files(&self) -> Vec<std::path::PathBuf> {
+        let c = self.composition();
+        let mut files = vec![self.host.manifest.clone()];
+        files.extend(c.plan.entries.iter().map(|p| p.library.path.clone()));
+        files
+    }
+
+    /// Re-plans the manifest and applies the difference transactionally: entries whose
+    /// library changed are restarted on the new library, config changes are offered in
+    /// place (restart when refused), added entries are applied, removed ones disposed, and
+    /// every entry that injects a restarted or removed provider is restarted after it.
+    /// An invalid composition or a failed apply leaves the previous one running.
+    pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        drop(self.hold_reloads());
+        let shut_down = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        if *shut_down {
+            return Ok(ReloadReport::default());
+        }
+        let started = Instant::now();
+        let loaded: Vec<Arc<Library>> = self.composition().libraries.iter().cloned().collect();
+        let new_plan = crate::plan::plan_with(&self.host.manifest, &self.host.options, &loaded)
+            .map_err(ReloadError::Invalid)?;
+        drop(loaded);
+
+        let mut c = self.composition();
+        let old: HashMap<String, Planned> = c
+            .plan
+            .entries
+            .iter()
+            .map(|p| (p.entry.id.clone(), p.clone()))
+            .collect();
+        let new: HashMap<String, Planned> = new_plan
+            .entries
+            .iter()
+            .map(|p| (p.entry.id.clone(), p.clone()))
+            .collect();
+        let mut report = ReloadReport::default();
+        let mut restart: BTreeSet<String> = BTreeSet::new();
+        // In dependency order (providers first), as an apply would be.
+        for n in &new_plan.entries {
+            let id = &n.entry.id;
+            match old.get(id) {
+                None => report.added.push(id.clone()),
+                Some(o) if !Arc::ptr_eq(&o.library, &n.library) => {
+                    restart.insert(id.clone());
+                }
+                Some(o) if o.entry.config != n.entry.config => {
+                    match c.registry.reconfigure(id, &n.entry.config) {
+                        Ok(true) => report.reconfigured.push(id.clone()),
+                        Ok(false) => {
+                            restart.insert(id.clone());
+                        }
+                        Err(e) => {
+                            tracing::warn!(entry = %id, "reconfigure failed ({e}); restarting it");
+                            restart.insert(id.clone());
+                        }
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        report.removed = old
+            .keys()
+            .filter(|id| !new.contains_key(*id))
+            .cloned()
+            .collect();
+        let mut gone: BTreeSet<String> = restart.clone();
+        gone.extend(report.removed.iter().cloned());
+        let dependents = dependents_of(&c.plan, &gone)
+            .into_iter()
+            .chain(dependents_of(&new_plan, &gone))
+            .filter(|id| old.contains_key(id) && new.contains_key(id));
+        restart.extend(dependents.collect::<Vec<_>>());
+        // Taken in place, in the order they were taken: what a rollback must undo.
+        let reconfigured_in_place: Vec<String> = report
+            .reconfigured
+            .iter()
+            .filter(|id| !restart.contains(*id))
+            .cloned()
+            .collect();
+        report.added.sort();
+        report.removed.sort();
+        report.reconfigured.sort();
+
+        let to_dispose: Vec<String> = c
+            .plan
+            .entries
+            .iter()
+            .rev()
+            .map(|p| p.entry.id.clone())
+            .filter(|id| restart.contains(id) || report.removed.contains(id))
+            .collect();
+        let to_apply: Vec<&Planned> = new_plan
+            .entries
+            .iter()
+            .filter(|p| restart.contains(&p.entry.id) || report.added.contains(&p.entry.id))
+            .collect();
+        let tools_before: Vec<String> = c.registry.tools.keys().cloned().collect();
+        for id in &to_dispose {
+            c.registry.dispose_entry(id);
+        }
+        let mut applied: Vec<String> = Vec::new();
+        for p in &to_apply {
+            if let Err(error) = c.registry.apply_entry(p) {
+                for id in applied.iter().rev() {
+                    c.registry.dispose_entry(id);
+                }
+                let mut rolled_back = true;
+                for id in to_dispose.iter().rev() {
+                    if let Err(e) = c.registry.apply_entry(&old[id]) {
+                        tracing::error!("rollback of entry `{id}` failed: {e}");
+                        rolled_back = false;
+                    }
+                }
+                let c = &mut *c;
+                for id in reconfigured_in_place.iter().rev() {
+                    if let Err(e) = restore_config(&mut c.registry, &c.plan, id) {
+                        tracing::error!("rollback of entry `{id}`'s config failed: {e}");
+                        rolled_back = false;
+                    }
+                }
+                return Err(ReloadError::Apply { error, rolled_back });
+            }
+            applied.push(p.entry.id.clone());
+        }
+        report.restarted = restart
+            .iter()
+            .map(|id| {
+                (
+                    id.clone(),
+                    old[id].library.generation,
+                    new[id].library.generation,
+                )
+            })
+            .collect();
+        report.tools_changed = tools_before != c.registry.tools.keys().cloned().collect::<Vec<_>>();
+        *c = Composition {
+            libraries: Arc::new(new_plan.entries.iter().map(|p| p.library.clone()).collect()),
+            plan: new_plan,
+            registry: std::mem::take(&mut c.registry),
+        };
+        drop(c);
+        report.millis = started.elapsed().as_millis();
+        if !report.is_empty() {
+            for listener in self
+                .reload_listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+            {
+                listener(&report);
+            }
+        }
+        Ok(report)
+    }
+
+    /// The composition (held briefly: never across a tool call).
+    pub fn composition(&self) -> MutexGuard<'_, Composition> {
+        self.composition.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every registered tool, sorted by name.
+    pub fn tools(&self) -> Vec<ToolInfo> {
+        self.composition()
+            .registry
+            .tools
+            .values()
+            .map(|t| ToolInfo {
+                name: t.decl.name.to_string(),
+                description: t.decl.description.to_string(),
+                input_schema: serde_json::from_str(&t.decl.input_schema)
+                    .unwrap_or_else(|_| serde_json::json!({ "type": "object" })),
+            })
+            .collect()
+    }
+
+    /// Calls tool `name` in the session of `call`.
+    pub fn call_tool(
+        &self,
+        name: &str,
+        call: &CallContext,
+        args: &serde_json::Value,
+    ) -> Result<ToolResult, UnknownTool> {
+        let call_on = {
+            let c = self.composition();
+            Held {
+                value: c.registry.tool(name)?.clone(),
+                _libraries: c.libraries.clone(),
+            }
+        };
+        Ok(call_on.value.call(call, args))
+    }
+
+    /// The model context for a session: every non-empty contribution of a service that
+    /// implements the model-context interface, in service-name order, one per paragraph.
+    pub fn model_context(&self, session: Option<&str>) -> String {
+        let providers: Held<Vec<(String, Service)>> = {
+            let c = self.composition();
+            Held {
+                value: c
+                    .registry
+                    .services
+                    .iter()
+                    .filter(|(_, s)| s.spec.interface == MODEL_CONTEXT_INTERFACE)
+                    .map(|(name, s)| (name.clone(), s.handle.clone()))
+                    .filter_map(|(name, h)| {
+                        Service::checked::<ModelContextClient>(&name, h)
+                            .ok()
+                            .map(|c| (name, c.service().clone()))
+                    })
+                    .collect(),
+                _libraries: c.libraries.clone(),
+            }
+        };
+        let mut parts = Vec::new();
+        for (name, service) in &providers.value {
+            let arg = serde_json::to_string(&session).unwrap_or_else(|_| "null".into());
+            match service.call_raw("context", &arg) {
+                Ok(raw) => match serde_json::from_str::<String>(&raw) {
+                    Ok(text) if !text.is_empty() => parts.push(text),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!("context `{name}` returned malformed text: {e}"),
+                },
+                Err(e) => tracing::warn!("context `{name}` failed: {e}"),
+            }
+        }
+        parts.join("\n\n")
+    }
+
+    /// Disposes the composition (reverse order); no reload happens after this.
+    pub fn shutdown(&self) {
+        let mut shut_down = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        *shut_down = true;
+        self.composition().registry.dispose_all();
+    }
+
+    /// Runs `f` with service `name` through its interface crate's typed client `I` (the
+    /// identity and version checked as for any consumer), on the generation it was taken
+    /// from, for host commands that address a plugin service by its registry name (e.g.
+    /// `cordis session set-mode` with `sandboxPolicy`).
+    pub fn with_service<I: Interface, R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&I) -> cordis_sdk::Result<R>,
+    ) -> anyhow::Result<R> {
+        let held = {
+            let c = self.composition();
+            let handle = c.registry.services.get(name).map(|s| s.handle.clone()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no service `{name}` in this composition; add the plugin that provides it to cordis.yml"
+                )
+            })?;
+            Held {
+                value: Service::checked::<I>(name, handle).map_err(|e| anyhow::anyhow!("{e}"))?,
+                _libraries: c.libraries.clone(),
+            }
+        };
+        f(&held.value).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
+/// Gives entry `id`, which took a new config in place, its config in the running `plan`
+/// back: offered in place again, or, when the plugin refuses, by restarting the entry and
+/// its dependents on it.
+fn restore_config(registry: &mut Registry, plan: &Plan, id: &str) -> Result<(), ApplyError> {
+    let Some(previous) = plan.entries.iter().find(|p| p.entry.id == id) else {
+        return Ok(());
+    };
+    match registry.reconfigure(id, &previous.entry.config) {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(entry = %id, "reconfigure back failed ({e}); restarting it"),
+    }
+    let mut ids = dependents_of(plan, &BTreeSet::from([id.to_string()]));
+    ids.insert(id.to_string());
+    let affected: Vec<&Planned> = plan
+        .entries
+        .iter()
+        .filter(|p| ids.contains(&p.entry.id))
+        .collect();
+    for p in affected.iter().rev() {
+        registry.dispose_entry(&p.entry.id);
+    }
+    for p in affected {
+        registry.apply_entry(p)?;
+    }
+    Ok(())
+}
+
+/// Every entry of `plan` that injects (transitively) a service provided by one of `ids`.
+fn dependents_of(plan: &Plan, ids: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = BTreeSet::new();
+    let mut frontier: Vec<String> = ids.iter().cloned().collect();
+    while let Some(provider) = frontier.pop() {
+        for p in &plan.entries {
+            let injects_it = p.library.meta.injects.iter().any(|inj| {
+                plan.providers.get(&inj.name) == Some(&Provider::Entry(provider.clone()))
+            });
+            if injects_it && !ids.contains(&p.entry.id) && out.insert(p.entry.id.clone()) {
+                frontier.push(p.entry.id.clone());
+            }
+        }
+    }
+    out
+}

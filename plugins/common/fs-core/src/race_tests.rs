@@ -1,0 +1,365 @@
+//! The fence against a racing swap, made deterministic: through the test-only seam in
+//! [`Target::beneath`] a directory on the path (or the file itself) is swapped for a
+//! symlink leading outside exactly between the containment check and the opens, for a
+//! write, a write that creates new parent directories, and an edit. Then the same race run
+//! freely against a swapper thread, counting the swaps that really fell inside the window.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dsh_fs_api::codes;
+use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
+
+use super::race::{self, Point};
+use super::{fenced_target, Parents};
+
+/// A workspace (under the temp area) and a directory outside every writable root.
+struct Layout {
+    _ws: tempfile::TempDir,
+    _outside: tempfile::TempDir,
+    ws: PathBuf,
+    outside: PathBuf,
+}
+
+impl Layout {
+    fn new() -> Layout {
+        let ws_dir = tempfile::tempdir().expect("workspace");
+        let ws = ws_dir.path().canonicalize().expect("canonical workspace");
+        let policy = policy(&ws);
+        let roots = dsh_sandbox::writable_roots(&policy);
+        // This workspace's build directory, else the user's cache, else /var/tmp: the first
+        // that no writable root contains.
+        let candidates = [
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../target"),
+            std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cache/cordis-fs-core-tests"))
+                .unwrap_or_default(),
+            PathBuf::from("/var/tmp/cordis-fs-core-tests"),
+        ];
+        let base = candidates
+            .iter()
+            .filter(|c| !c.as_os_str().is_empty() && std::fs::create_dir_all(c).is_ok())
+            .filter_map(|c| c.canonicalize().ok())
+            .find(|c| dsh_sandbox::containing_root(c, &roots).is_none())
+            .unwrap_or_else(|| {
+                panic!("no directory outside the writable roots {roots:?} among {candidates:?}")
+            });
+        let outside_dir = tempfile::Builder::new()
+            .prefix("race-outside-")
+            .tempdir_in(&base)
+            .expect("outside dir");
+        let outside = outside_dir
+            .path()
+            .canonicalize()
+            .expect("canonical outside");
+        Layout {
+            _ws: ws_dir,
+            _outside: outside_dir,
+            ws,
+            outside,
+        }
+    }
+
+    /// Everything outside, by name and content.
+    fn outside_listing(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = std::fs::read_dir(&self.outside)
+            .expect("list outside")
+            .map(|e| {
+                let e = e.expect("entry");
+                let content = std::fs::read_to_string(e.path()).unwrap_or_else(|_| "<dir>".into());
+                (e.file_name().to_string_lossy().into_owned(), content)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+fn policy(ws: &Path) -> SandboxExecutionPolicy {
+    SandboxExecutionPolicy {
+        mode: SandboxMode::WorkspaceWrite,
+        workspace_root: ws.to_path_buf(),
+        network: false,
+        ..Default::default()
+    }
+}
+
+/// Swaps `victim` for a symlink to `target` (the original moved aside).
+fn swap_for_symlink(victim: &Path, target: &Path) {
+    let parked = victim.with_extension("parked");
+    std::fs::rename(victim, parked).expect("move the original aside");
+    std::os::unix::fs::symlink(target, victim).expect("plant the symlink");
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Write,
+    Edit,
+}
+
+/// Runs `op` on `rel` (beneath the workspace) with `swap` done exactly inside the window,
+/// and returns the error code (or `None` on success) and the window ends seen.
+fn raced(
+    layout: &Layout,
+    rel: &str,
+    op: Op,
+    swap: impl FnOnce() + 'static,
+) -> (Option<String>, Vec<Point>) {
+    raced_under(policy(&layout.ws), layout, rel, op, swap)
+}
+
+/// [`raced`] under `policy`.
+fn raced_under(
+    policy: SandboxExecutionPolicy,
+    layout: &Layout,
+    rel: &str,
+    op: Op,
+    swap: impl FnOnce() + 'static,
+) -> (Option<String>, Vec<Point>) {
+    let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let mut swap = Some(swap);
+    let log = seen.clone();
+    let path = layout.ws.join(rel);
+    let outcome = race::with(
+        move |point| {
+            log.borrow_mut().push(point);
+            if point == Point::Checked {
+                if let Some(swap) = swap.take() {
+                    swap();
+                }
+            }
+        },
+        || match op {
+            Op::Write => fenced_target(&policy, &path, Parents::Create)
+                .and_then(|t| t.write(b"raced\n"))
+                .map(|_| ()),
+            Op::Edit => fenced_target(&policy, &path, Parents::Existing)
+                .and_then(|t| t.edit("old", "raced", false))
+                .map(|_| ()),
+        },
+    );
+    let points = seen.borrow().clone();
+    (outcome.err().map(|e| e.code.to_string()), points)
+}
+
+#[test]
+fn a_directory_swapped_for_a_symlink_inside_the_window_is_denied() {
+    let denied = Some(codes::FS_SANDBOX_DENIED.to_string());
+    // (what, path, op, files laid out first)
+    let cases: [(&str, &str, Op, &[&str]); 3] = [
+        (
+            "write into an existing directory",
+            "d/f.txt",
+            Op::Write,
+            &[],
+        ),
+        (
+            "write creating new parent directories",
+            "d/new/f.txt",
+            Op::Write,
+            &[],
+        ),
+        ("edit", "d/f.txt", Op::Edit, &["f.txt"]),
+    ];
+    let mut problems = Vec::new();
+    for (what, rel, op, files) in cases {
+        let layout = Layout::new();
+        std::fs::create_dir(layout.ws.join("d")).expect("mkdir d");
+        for f in files {
+            std::fs::write(layout.ws.join("d").join(f), "old\n").expect("inside file");
+            std::fs::write(layout.outside.join(f), "old\n").expect("outside file");
+        }
+        let before = layout.outside_listing();
+        let (victim, target) = (layout.ws.join("d"), layout.outside.clone());
+        let (outcome, points) = raced(&layout, rel, op, move || swap_for_symlink(&victim, &target));
+        assert_eq!(
+            points.first(),
+            Some(&Point::Checked),
+            "{what}: the window was reached"
+        );
+        assert!(
+            std::fs::symlink_metadata(layout.ws.join("d"))
+                .expect("d")
+                .is_symlink(),
+            "{what}: the swap happened"
+        );
+        let after = layout.outside_listing();
+        if outcome != denied || after != before {
+            problems.push(format!(
+                "{what}: {outcome:?} (want {denied:?}), outside {before:?} became {after:?}"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the fence let a swap through:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// A directory swapped for a symlink to a protected directory inside the same writable
+/// root: the symlink stays beneath the root, so only the check of the directory actually
+/// reached can refuse it.
+#[test]
+fn a_directory_swapped_for_a_symlink_into_a_protected_directory_is_denied() {
+    let layout = Layout::new();
+    let guarded = layout.ws.join("guarded");
+    std::fs::create_dir(&guarded).expect("mkdir guarded");
+    std::fs::create_dir(layout.ws.join("d")).expect("mkdir d");
+    let policy = SandboxExecutionPolicy {
+        protected_paths: vec![guarded.clone()],
+        ..policy(&layout.ws)
+    };
+    // Relative, so resolving it beneath the root is allowed.
+    let (victim, target) = (layout.ws.join("d"), PathBuf::from("guarded"));
+    let (outcome, points) = raced_under(policy, &layout, "d/f.txt", Op::Write, move || {
+        swap_for_symlink(&victim, &target)
+    });
+    assert_eq!(
+        points.first(),
+        Some(&Point::Checked),
+        "the window was reached"
+    );
+    assert!(
+        std::fs::symlink_metadata(layout.ws.join("d"))
+            .expect("d")
+            .is_symlink(),
+        "the swap happened"
+    );
+    assert_eq!(outcome, Some(codes::FS_SANDBOX_DENIED.to_string()));
+    assert!(
+        !guarded.join("f.txt").exists(),
+        "the write landed in the protected directory"
+    );
+}
+
+#[test]
+fn the_file_itself_swapped_for_a_symlink_inside_the_window() {
+    // A write replaces the symlink (the rename never follows it); an edit, which must read
+    // the file first, is denied. Either way nothing outside changes.
+    for (op, want) in [
+        (Op::Write, None),
+        (Op::Edit, Some(codes::FS_SANDBOX_DENIED.to_string())),
+    ] {
+        let layout = Layout::new();
+        std::fs::create_dir(layout.ws.join("d")).expect("mkdir d");
+        std::fs::write(layout.ws.join("d/f.txt"), "old\n").expect("inside file");
+        std::fs::write(layout.outside.join("f.txt"), "old\n").expect("outside file");
+        let before = layout.outside_listing();
+        let (victim, target) = (layout.ws.join("d/f.txt"), layout.outside.join("f.txt"));
+        let (outcome, points) = raced(&layout, "d/f.txt", op, move || {
+            swap_for_symlink(&victim, &target)
+        });
+        assert_eq!(outcome, want, "{op:?}: {points:?}");
+        assert_eq!(
+            layout.outside_listing(),
+            before,
+            "{op:?}: nothing outside changed"
+        );
+        if want.is_none() {
+            let written = layout.ws.join("d/f.txt");
+            assert!(!std::fs::symlink_metadata(&written)
+                .expect("f.txt")
+                .is_symlink());
+            assert_eq!(std::fs::read_to_string(&written).expect("read"), "raced\n");
+        }
+    }
+}
+
+/// Exchanges `a` and `b` atomically (`renameat2` `RENAME_EXCHANGE`): both always exist.
+fn exchange(a: &Path, b: &Path) {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE).expect("exchange");
+}
+
+#[test]
+fn swaps_racing_the_writer_fall_inside_the_window_and_never_escape() {
+    let layout = Layout::new();
+    std::fs::create_dir(layout.ws.join("d")).expect("mkdir d");
+    std::os::unix::fs::symlink(&layout.outside, layout.ws.join("link")).expect("symlink");
+    let swaps = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (swaps, stop) = (swaps.clone(), stop.clone());
+        let (d, link) = (layout.ws.join("d"), layout.ws.join("link"));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                exchange(&d, &link);
+                swaps.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    // Counted by the seam on this thread: windows a swap fell into, and those that ended
+    // with `d` swapped (an odd number of exchanges: a symlink where a directory was).
+    let in_window = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let flipped = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let (window_in, window_flipped, window_swaps) =
+        (in_window.clone(), flipped.clone(), swaps.clone());
+    let mut start = 0u64;
+    let policy = policy(&layout.ws);
+    let path = layout.ws.join("d/f.txt");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (mut writes, mut allowed, mut denied) = (0u64, 0u64, 0u64);
+    let mut other = Vec::new();
+    race::with(
+        move |point| match point {
+            Point::Checked => {
+                start = window_swaps.load(Ordering::SeqCst);
+                // Widen the window a little: the swapper gets the processor more often.
+                for _ in 0..3 {
+                    std::thread::yield_now();
+                }
+            }
+            Point::Opened => {
+                let n = window_swaps.load(Ordering::SeqCst) - start;
+                if n > 0 {
+                    window_in.set(window_in.get() + 1);
+                }
+                if n % 2 == 1 {
+                    window_flipped.set(window_flipped.get() + 1);
+                }
+            }
+        },
+        || {
+            while !(writes >= 500 && in_window.get() >= 100 && flipped.get() >= 20) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the race was not exercised within 90 s: {writes} writes ({allowed} allowed, {denied} denied), {} swaps, {} in the window, {} flipped",
+                    swaps.load(Ordering::SeqCst),
+                    in_window.get(),
+                    flipped.get()
+                );
+                writes += 1;
+                match fenced_target(&policy, &path, Parents::Create)
+                    .and_then(|t| t.write(b"raced\n"))
+                {
+                    Ok(_) => allowed += 1,
+                    Err(e) if e.code == codes::FS_SANDBOX_DENIED => denied += 1,
+                    Err(e) => other.push(e.to_string()),
+                }
+            }
+        },
+    );
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().expect("swapper");
+    assert!(
+        other.is_empty(),
+        "only allowed or denied: {:?}",
+        &other[..other.len().min(3)]
+    );
+    assert_eq!(
+        layout.outside_listing(),
+        Vec::<(String, String)>::new(),
+        "bytes landed outside the workspace: {writes} writes, {} swaps in the window, {} flipped",
+        in_window.get(),
+        flipped.get()
+    );
+    println!(
+        "{writes} writes ({allowed} allowed, {denied} denied), {} swaps, {} in the window, {} flipped",
+        swaps.load(Ordering::SeqCst),
+        in_window.get(),
+        flipped.get()
+    );
+}

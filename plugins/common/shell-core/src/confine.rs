@@ -1,0 +1,528 @@
+//! The kernel confinement of a command: new user, mount, pid, ipc and (with network off)
+//! network namespaces with a read-only view of `/` in which exactly the roots
+//! [`dsh_sandbox::writable_roots`] names are writable, a minimal `/dev` and a fresh `/proc`;
+//! no capabilities; Landlock on top with the same writable roots (plus `/dev/null`), signal
+//! and abstract-socket scoping; and, with network off, a seccomp filter refusing
+//! `socket(AF_UNIX, …)` (a path-named socket outside the roots would otherwise reach a
+//! host daemon) and `io_uring_setup` (whose operations bypass seccomp). Also the
+//! conservative detection of the denials it causes.
+//!
+//! Landlock's filesystem rights are pinned to [`PINNED_ABI`] with
+//! [`CompatLevel::HardRequirement`]: a kernel that cannot enforce every handled right makes
+//! [`Confinement::prepare`] fail, and the command is not run. Scoping is used where the
+//! kernel has it (Landlock ABI 6). Reads and execution are not handled, so they stay
+//! allowed everywhere.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use dsh_sandbox::{denial_marker, is_within, Fence, PathSet, SandboxExecutionPolicy, SandboxMode};
+use dsh_shell_api::ExecResult;
+use landlock::{
+    AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, PathFdError, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetError, Scope, ABI,
+};
+
+use crate::child::{SandboxSpec, Stage, MAX_BINDS};
+
+/// The Landlock ABI the filesystem rules are written against: v5 (Linux 6.10) is the first
+/// ABI whose write-ish rights include `IoctlDev`; later ABIs add no filesystem write right
+/// this runner needs. Pinned so the confinement means the same on every kernel that runs it.
+pub const PINNED_ABI: ABI = ABI::V5;
+
+/// The one file outside the writable roots every confined command may write.
+pub const DEV_NULL: &str = "/dev/null";
+
+/// The paths a confined command may write beneath, in order: `writable_roots(policy)` then
+/// `/dev/null`. `None` for `danger-full-access` (the command runs unconfined); only
+/// `/dev/null` for `read-only`.
+pub fn granted_write_roots(policy: &SandboxExecutionPolicy) -> Option<Vec<PathBuf>> {
+    granted(policy.mode, &Fence::of(policy))
+}
+
+/// [`granted_write_roots`] of a call in `mode` whose fence is `fence`.
+fn granted(mode: SandboxMode, fence: &Fence) -> Option<Vec<PathBuf>> {
+    let mut roots = match mode {
+        SandboxMode::DangerFullAccess => return None,
+        SandboxMode::ReadOnly => Vec::new(),
+        SandboxMode::WorkspaceWrite => fence.writable_roots.clone(),
+    };
+    roots.push(PathBuf::from(DEV_NULL));
+    Some(roots)
+}
+
+/// Why the kernel sandbox cannot be enforced.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    /// The kernel refused the ruleset (Landlock missing, disabled, or older than the ABI).
+    #[error("the kernel cannot enforce the Landlock ruleset (pinned ABI v{abi}): {source}", abi = PINNED_ABI as u32)]
+    Ruleset {
+        /// What the landlock layer said.
+        #[source]
+        source: RulesetError,
+    },
+    /// A granted root could not be opened.
+    #[error("cannot open writable root `{}` for the Landlock ruleset: {source}", path.display())]
+    OpenRoot {
+        /// The root.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: PathFdError,
+    },
+    /// The kernel accepted no part of the ruleset.
+    #[error("the Landlock ruleset would not be enforced; refusing to run the command with weaker confinement")]
+    NotEnforced,
+    /// A path cannot be handed to the kernel (it contains a NUL byte).
+    #[error("the path `{}` contains a NUL byte", path.display())]
+    BadPath {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A pattern of the policy needed a walk of more entries than one command may cost.
+    #[error("matching the policy's patterns beneath `{}` visited more than {visited} entries", root.display())]
+    TooManyEntries {
+        /// Where the walk was.
+        root: PathBuf,
+        /// How many entries it visited before it stopped.
+        visited: usize,
+    },
+    /// More writable roots and protected paths than one view binds.
+    #[error("{count} writable roots and protected paths; a sandbox binds at most {MAX_BINDS}")]
+    TooManyBinds {
+        /// How many were asked for.
+        count: usize,
+    },
+    /// The seccomp filter could not be compiled for this architecture.
+    #[error("cannot build the seccomp filter for {arch}: {reason}", arch = std::env::consts::ARCH)]
+    Seccomp {
+        /// What seccompiler said.
+        reason: String,
+    },
+    /// A setup step in the command's process failed; nothing was run.
+    #[error("the sandbox could not be set up: {doing} failed: {source}", doing = stage.doing())]
+    Setup {
+        /// The step.
+        stage: Stage,
+        /// What the kernel said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ConfineError {
+    /// How to fix it.
+    pub fn help(&self) -> String {
+        match self {
+            ConfineError::OpenRoot { .. } => {
+                "make sure the workspace root and the temp directories exist and are readable"
+                    .to_string()
+            }
+            ConfineError::BadPath { .. } => "use paths without NUL bytes".to_string(),
+            ConfineError::TooManyEntries { .. } => {
+                "list exact paths in `protectedPaths` and `denyRead` instead of patterns, or use them in a smaller workspace".to_string()
+            }
+            ConfineError::TooManyBinds { .. } => {
+                format!("protect fewer paths (at most {MAX_BINDS} binds in all)")
+            }
+            ConfineError::Seccomp { .. } => {
+                "run on x86_64 or aarch64, or compose `dsh-bash-local` to run commands unconfined on purpose".to_string()
+            }
+            ConfineError::Setup { stage, .. } => stage.help().to_string(),
+            ConfineError::Ruleset { .. } | ConfineError::NotEnforced => format!(
+                "run on Linux 6.10 or newer with Landlock enabled (`landlock` in the `lsm=` boot parameter, Landlock ABI {} or newer), or compose `dsh-bash-local` to run commands unconfined on purpose",
+                PINNED_ABI as u32
+            ),
+        }
+    }
+}
+
+/// A prepared confinement: the Landlock ruleset (root descriptors opened), the seccomp
+/// program and the mount plan, built in the host; entered only by the command's own
+/// processes between fork and exec.
+pub struct Confinement {
+    pub(crate) spec: SandboxSpec,
+}
+
+fn c_path(path: &Path) -> Result<CString, ConfineError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| ConfineError::BadPath {
+        path: path.to_path_buf(),
+    })
+}
+
+impl Confinement {
+    /// Prepares the confinement for `policy`; `None` for `danger-full-access`. The mount
+    /// view follows the policy's [`Fence`]: the writable roots read-write; beneath them
+    /// every protected path read-only again, and every directory between a root and a
+    /// protected path pinned (bound onto itself, so it cannot be renamed away and replaced);
+    /// every path the policy denies reading hidden (an empty read-only directory, or
+    /// `/dev/null` for a file). Patterns are matched against the workspace when the command
+    /// starts.
+    pub fn prepare(policy: &SandboxExecutionPolicy) -> Result<Option<Confinement>, ConfineError> {
+        let fence = Fence::of(policy);
+        let Some(roots) = granted(policy.mode, &fence) else {
+            return Ok(None);
+        };
+        let landlock = landlock_ruleset(&roots)?;
+        let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
+        // Outermost first, so an inner root is bound on top of the outer one.
+        writable.sort_by_key(|r| r.components().count());
+        let expand = |set: &PathSet, root: &Path| {
+            set.expand_beneath(root)
+                .map_err(|visited| ConfineError::TooManyEntries {
+                    root: root.to_path_buf(),
+                    visited,
+                })
+        };
+        let mut protected: Vec<PathBuf> = Vec::new();
+        let mut pinned: Vec<PathBuf> = Vec::new();
+        for root in &writable {
+            for path in expand(&fence.protected, root)? {
+                // A symlink is protected where it leads; outside the root it is read-only.
+                let Ok(path) = path.canonicalize() else {
+                    continue;
+                };
+                if !is_within(&path, root) {
+                    continue;
+                }
+                pinned.extend(
+                    path.ancestors()
+                        .skip(1)
+                        .take_while(|a| *a != root.as_path() && is_within(a, root))
+                        .map(Path::to_path_buf),
+                );
+                protected.push(path);
+            }
+        }
+        let mut hidden: Vec<PathBuf> = fence
+            .deny_read
+            .paths
+            .iter()
+            .filter(|p| p.symlink_metadata().is_ok())
+            .cloned()
+            .collect();
+        if policy.workspace_root.is_dir() {
+            hidden.extend(expand(&fence.deny_read, &policy.workspace_root)?);
+        }
+        for list in [&mut protected, &mut pinned, &mut hidden] {
+            list.sort_by_key(|p| p.components().count());
+            list.dedup();
+        }
+        let count = writable.len() + protected.len() + pinned.len() + hidden.len();
+        if count > MAX_BINDS {
+            return Err(ConfineError::TooManyBinds { count });
+        }
+        let c_paths = |paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| c_path(p))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let (hidden_dirs, hidden_files): (Vec<PathBuf>, Vec<PathBuf>) = hidden
+            .into_iter()
+            .filter_map(|p| p.canonicalize().ok())
+            .partition(|p| p.is_dir());
+        // SAFETY: plain system calls without arguments.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let map = |id: u32| CString::new(format!("{id} {id} 1\n")).expect("no NUL in digits");
+        Ok(Some(Confinement {
+            spec: SandboxSpec {
+                uid_map: map(uid),
+                gid_map: map(gid),
+                writable: writable
+                    .into_iter()
+                    .map(|p| c_path(p))
+                    .collect::<Result<_, _>>()?,
+                pinned: c_paths(&pinned)?,
+                protected: c_paths(&protected)?,
+                hidden_dirs: c_paths(&hidden_dirs)?,
+                hidden_files: c_paths(&hidden_files)?,
+                cwd: CString::default(),
+                network: policy.network,
+                landlock,
+                seccomp: if policy.network {
+                    Vec::new()
+                } else {
+                    socket_filter()?
+                },
+            },
+        }))
+    }
+}
+
+/// The Landlock ruleset: write-ish rights only beneath `roots`, signals and abstract unix
+/// sockets scoped to the sandbox where the kernel can.
+fn landlock_ruleset(roots: &[PathBuf]) -> Result<std::os::fd::OwnedFd, ConfineError> {
+    let write = AccessFs::from_write(PINNED_ABI);
+    let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(write)
+        .map_err(ruleset_err)?
+        .set_compatibility(CompatLevel::BestEffort)
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)
+        .map_err(ruleset_err)?
+        .create()
+        .map_err(ruleset_err)?;
+    for root in roots {
+        let rights = rights_for(root, write);
+        let fd = PathFd::new(root).map_err(|source| ConfineError::OpenRoot {
+            path: root.clone(),
+            source,
+        })?;
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .add_rule(PathBeneath::new(fd, rights))
+            .map_err(ruleset_err)?;
+    }
+    let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
+    fd.ok_or(ConfineError::NotEnforced)
+}
+
+/// With network off: `socket(AF_UNIX, …)` and `io_uring_setup` fail with `EPERM`;
+/// everything else is allowed. `socketpair` stays allowed (it reaches nothing outside).
+fn socket_filter() -> Result<Vec<libc::sock_filter>, ConfineError> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+    let err = |e: &dyn std::fmt::Display| ConfineError::Seccomp {
+        reason: e.to_string(),
+    };
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
+    let unix = SeccompCondition::new(
+        0,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::AF_UNIX as u64,
+    )
+    .map_err(|e| err(&e))?;
+    let rules = [
+        (
+            libc::SYS_socket,
+            vec![SeccompRule::new(vec![unix]).map_err(|e| err(&e))?],
+        ),
+        (libc::SYS_io_uring_setup, vec![]),
+    ];
+    let filter = SeccompFilter::new(
+        rules.into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    let program: BpfProgram = filter.try_into().map_err(|e| err(&e))?;
+    Ok(program
+        .into_iter()
+        .map(|f| libc::sock_filter {
+            code: f.code,
+            jt: f.jt,
+            jf: f.jf,
+            k: f.k,
+        })
+        .collect())
+}
+
+/// Directory rights beneath a directory; only the file rights on a file.
+/// Never device nodes: `MakeChar` and `MakeBlock` are handled and granted nowhere.
+fn rights_for(path: &Path, write: BitFlags<AccessFs>) -> BitFlags<AccessFs> {
+    let write = write & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+    if path.is_dir() {
+        write
+    } else {
+        write & AccessFs::from_file(PINNED_ABI)
+    }
+}
+
+/// What a shell prints when the kernel refuses a file access (EACCES, EPERM, EROFS, and
+/// EXDEV, which Landlock returns for a rename or link that would widen access).
+const DENIAL_MESSAGES: [&str; 4] = [
+    "Permission denied",
+    "Operation not permitted",
+    "Read-only file system",
+    "Invalid cross-device link",
+];
+
+/// Conservatively flags a confined command's result as a sandbox denial: the command failed
+/// (non-zero exit or a signal) and stderr carries a denial message. Then sets
+/// `sandbox_denied` and puts the model-facing marker at the start of stderr, keeping the
+/// raw output after it. Never flags `danger-full-access`.
+pub fn flag_denial(result: &mut ExecResult, mode: SandboxMode) {
+    if mode == SandboxMode::DangerFullAccess || result.exit_code == Some(0) {
+        return;
+    }
+    if DENIAL_MESSAGES.iter().any(|m| result.stderr.contains(m)) {
+        result.sandbox_denied = true;
+        result.stderr = format!("{}\n{}", denial_marker(mode), result.stderr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run;
+    use dsh_shell_api::ExecRequest;
+
+    fn policy(mode: SandboxMode, root: &Path) -> SandboxExecutionPolicy {
+        SandboxExecutionPolicy {
+            mode,
+            workspace_root: root.to_path_buf(),
+            network: false,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn granted_roots_are_exactly_the_shared_writable_roots_plus_dev_null() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = policy(SandboxMode::WorkspaceWrite, dir.path());
+        let mut expected = dsh_sandbox::writable_roots(&ws);
+        expected.push(PathBuf::from(DEV_NULL));
+        assert_eq!(granted_write_roots(&ws), Some(expected));
+        let ro = policy(SandboxMode::ReadOnly, dir.path());
+        assert_eq!(
+            granted_write_roots(&ro),
+            Some(vec![PathBuf::from(DEV_NULL)])
+        );
+        let full = policy(SandboxMode::DangerFullAccess, dir.path());
+        assert_eq!(granted_write_roots(&full), None);
+    }
+
+    #[test]
+    fn only_the_spawning_thread_is_confined() {
+        // The workspace must live outside the temp areas, which are writable roots.
+        let outside = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../target/shell-core-confine-test");
+        std::fs::create_dir_all(&outside).unwrap();
+        let outside = outside.canonicalize().unwrap();
+        let ro = policy(SandboxMode::ReadOnly, &outside);
+        let confinement = Confinement::prepare(&ro)
+            .unwrap_or_else(|e| panic!("Landlock must be available for these tests: {e}"));
+        let req = ExecRequest {
+            command: "echo x > denied.txt".into(),
+            cwd: outside.clone(),
+            env: vec![],
+            timeout_ms: Some(10_000),
+            output_limit: None,
+            policy: None,
+            cancel_fd: None,
+        };
+        let mut r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
+        flag_denial(&mut r, SandboxMode::ReadOnly);
+        assert!(
+            r.sandbox_denied && r.stderr.starts_with(&denial_marker(SandboxMode::ReadOnly)),
+            "{r:?}"
+        );
+        assert!(!outside.join("denied.txt").exists());
+        // This thread (and so the test process) still writes where the command could not.
+        std::fs::write(outside.join("allowed.txt"), "host").unwrap();
+        std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    #[test]
+    fn protected_paths_stay_read_only_inside_a_writable_root() {
+        let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../target/shell-core-protect-test");
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(ws.join("guarded")).unwrap();
+        let ws = ws.canonicalize().unwrap();
+        std::fs::create_dir_all(ws.join("conf")).unwrap();
+        std::fs::write(ws.join("conf/cordis.yml"), "original\n").unwrap();
+        let protected = vec![
+            ws.join("conf/cordis.yml"),
+            ws.join("guarded"),
+            ws.join("absent"),
+        ];
+        let confinement = Confinement::prepare(&SandboxExecutionPolicy {
+            protected_paths: protected,
+            ..policy(SandboxMode::WorkspaceWrite, &ws)
+        })
+        .unwrap();
+        let req = ExecRequest {
+            command:
+                "cd conf; echo evil > cordis.yml; touch ../guarded/new; rm cordis.yml; cd ..; \
+                      mv conf conf2; echo ok > free.txt"
+                    .into(),
+            cwd: ws.clone(),
+            env: vec![],
+            timeout_ms: Some(10_000),
+            output_limit: None,
+            policy: None,
+            cancel_fd: None,
+        };
+        let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ws.join("conf/cordis.yml")).unwrap(),
+            "original\n",
+            "{r:?}"
+        );
+        assert!(r.stderr.contains("Device or resource busy"), "{r:?}");
+        assert!(!ws.join("guarded/new").exists(), "{r:?}");
+        assert_eq!(
+            std::fs::read_to_string(ws.join("free.txt")).unwrap(),
+            "ok\n"
+        );
+        assert_eq!(
+            r.stderr.matches("Read-only file system").count(),
+            2,
+            "{r:?}"
+        );
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    #[test]
+    fn device_nodes_are_granted_nowhere() {
+        let write = AccessFs::from_write(PINNED_ABI);
+        for path in [Path::new("/"), Path::new(DEV_NULL)] {
+            let granted = rights_for(path, write);
+            assert!(!granted.contains(AccessFs::MakeChar), "{path:?}");
+            assert!(!granted.contains(AccessFs::MakeBlock), "{path:?}");
+        }
+        assert!(rights_for(Path::new("/"), write).contains(AccessFs::MakeFifo));
+    }
+
+    #[test]
+    fn denials_are_flagged_conservatively() {
+        let result = |exit_code, stderr: &str| ExecResult {
+            exit_code,
+            signal: None,
+            stdout: String::new(),
+            stderr: stderr.into(),
+            truncated: false,
+            timed_out: false,
+            cancelled: false,
+            sandbox_denied: false,
+            mode: None,
+        };
+        let check = |exit, stderr: &str, mode, flagged: bool| {
+            let mut r = result(exit, stderr);
+            flag_denial(&mut r, mode);
+            assert_eq!(r.sandbox_denied, flagged, "{stderr:?} {exit:?} {mode}");
+            assert_eq!(r.stderr.starts_with("[sandbox:"), flagged);
+            assert!(r.stderr.ends_with(stderr));
+        };
+        let ww = SandboxMode::WorkspaceWrite;
+        check(Some(1), "bash: /x: Permission denied\n", ww, true);
+        check(
+            Some(1),
+            "touch: cannot touch '/x': Read-only file system\n",
+            SandboxMode::ReadOnly,
+            true,
+        );
+        check(
+            Some(1),
+            "ln: failed to create hard link 'a': Invalid cross-device link\n",
+            ww,
+            true,
+        );
+        check(Some(0), "bash: /x: Permission denied\n", ww, false);
+        check(Some(1), "grep: no match\n", ww, false);
+        check(
+            Some(1),
+            "bash: /x: Permission denied\n",
+            SandboxMode::DangerFullAccess,
+            false,
+        );
+    }
+}
