@@ -236,6 +236,84 @@ fn broken( {{
     });
 }
 
+/// `--dev` with the manifest beside the plugin's folder, outside its cargo project: the
+/// project is found from the library (its dep-info file), an edit rebuilds and reloads it,
+/// an entry no project builds gets one INFO line, and at the default level no other
+/// library logs.
+#[test]
+fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_lives() {
+    let plugin = Scaffold::new("dev-beside");
+    let scratch = &plugin.scratch;
+    // A library no cargo project builds: a copy of a workspace plugin, with no dep-info.
+    let example = cordis_engine::loader::library_file_name("cordis-example");
+    std::fs::create_dir_all(scratch.path().join("libs")).unwrap();
+    std::fs::copy(
+        target_dir().join(&example),
+        scratch.path().join("libs").join(&example),
+    )
+    .unwrap();
+    scratch.manifest(&format!(
+        "- name: dev-beside\n  path: {}\n- name: cordis-example\n  path: libs/{example}\n",
+        plugin.library.display()
+    ));
+    let log_path = scratch.path().join("run.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    with_build_lock(|| {
+        run(cargo(&plugin.dir, &["build"]), true);
+        let mut cmd = scratch.cordis(&["run", "--dev"]);
+        cmd.env("CARGO_TARGET_DIR", cargo_target())
+            .env_remove("RUST_LOG")
+            .stderr(std::fs::File::create(&log_path).expect("create the log"));
+        let mut mcp = cordis_e2e::McpStdio::start(cmd);
+        let mut greet = || mcp.call("dev_beside_greet", json!({"name": "Ada"}));
+        assert_eq!(greet(), (false, "hello, Ada!".to_string()), "{}", log());
+        let project = plugin.dir.canonicalize().unwrap().join("Cargo.toml");
+        eventually("the source watcher", || {
+            log()
+                .contains(&format!(
+                    "dev: rebuilding dev-beside on every change in {}",
+                    project.display()
+                ))
+                .then_some(())
+        });
+        plugin.edit(|src| src.replace(r#""{}, {name}!""#, r#""{}, {name}! (beside)""#));
+        eventually("the edited build", || {
+            let (is_error, text) = greet();
+            assert!(!is_error, "a call failed during the rebuild: {text}");
+            (text == "hello, Ada! (beside)").then_some(())
+        });
+        assert!(mcp.finish().success());
+    });
+    let log = log();
+    let not_rebuilt: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("not rebuilding"))
+        .collect();
+    assert!(
+        not_rebuilt.len() == 1
+            && not_rebuilt[0].contains(" INFO ")
+            && not_rebuilt[0].contains("dev: not rebuilding cordis-example"),
+        "{log}"
+    );
+    for line in log.lines().filter(|l| l.contains(" INFO ")) {
+        let target = line
+            .split(" INFO ")
+            .nth(1)
+            .and_then(|rest| rest.split(':').next())
+            .unwrap_or("");
+        assert!(
+            ["cordis", "plugin"].contains(&target) || target.starts_with("cordis_"),
+            "another library logs at the default level: {line}\n{log}"
+        );
+    }
+    // The one warning is `--dev`'s own: what it runs unconfined.
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("run UNCONFINED in this host"),
+        "{log}"
+    );
+}
+
 #[test]
 fn cordis_new_refuses_bad_names_and_existing_directories() {
     let scratch = Scratch::new();

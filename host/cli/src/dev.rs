@@ -1,15 +1,19 @@
 //! `cordis run --dev`: besides the libraries and the manifest, watch the sources of the
-//! cargo project the manifest lives in and, when one is saved, run `cargo build` for the
-//! packages whose libraries the composition loads; reload as soon as cargo reports the build
-//! finished (its JSON messages say when and whether it succeeded). A failed build leaves
-//! the running composition serving, like any bad change.
+//! cargo projects that build the composition's libraries and, when one is saved, run
+//! `cargo build` for the packages whose libraries the composition loads; reload as soon as
+//! cargo reports the build finished (its JSON messages say when and whether it succeeded).
+//! A failed build leaves the running composition serving, like any bad change.
 //!
-//! Which package builds which library comes from `cargo metadata`: a loaded library
+//! The projects are found wherever the manifest lives: the one behind each library (cargo
+//! writes a dep-info file `lib<name>.d` beside it whose first source is the crate's root;
+//! the cargo project around that file is asked with `cargo metadata`), and the one the
+//! manifest lives in, if any (which covers a plugin not built yet). Which package builds
+//! which library comes from `cargo metadata`: a loaded library
 //! `<target dir>/<profile dir>/lib<name>.so` is built by the workspace member with a
 //! `cdylib` target `<name>`, in the profile that writes into `<profile dir>`. Entries whose
-//! libraries this project does not build are reloaded when their files change but never
-//! rebuilt. Before the composition is loaded, one build brings the libraries up to date
-//! with the sources.
+//! libraries no project builds are reloaded when their files change but never rebuilt (one
+//! INFO line says which). Before the composition is loaded, one build brings the libraries
+//! up to date with the sources.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -57,9 +61,9 @@ struct Member {
     library: String,
 }
 
-/// The cargo project the manifest lives in.
+/// One cargo project (a workspace, or a package that is its own).
 #[derive(Debug)]
-pub struct Project {
+struct Project {
     /// Its `Cargo.toml` (the workspace root's).
     manifest: PathBuf,
     /// Its target directory (canonical).
@@ -71,9 +75,9 @@ pub struct Project {
 }
 
 impl Project {
-    /// What `--dev` trusts and must protect from sandboxed sessions: the package
-    /// directories whose sources it rebuilds into the host, and the target directory.
-    pub fn trusted_paths(&self) -> Vec<PathBuf> {
+    /// The package directories whose sources `--dev` rebuilds into the host, and the
+    /// target directory.
+    fn trusted_paths(&self) -> Vec<PathBuf> {
         let mut paths = self.member_dirs.clone();
         paths.push(self.target_dir.clone());
         paths
@@ -90,7 +94,7 @@ type Builds = BTreeMap<String, BTreeSet<String>>;
 
 impl Project {
     /// Asks `cargo metadata` about the project containing `dir`.
-    pub fn discover(dir: &Path) -> anyhow::Result<Project> {
+    fn discover(dir: &Path) -> anyhow::Result<Project> {
         let out = cargo()
             .args(["metadata", "--no-deps", "--format-version", "1"])
             .current_dir(dir)
@@ -99,7 +103,7 @@ impl Project {
             .context("cannot run `cargo metadata` (is cargo on PATH?)")?;
         if !out.status.success() {
             anyhow::bail!(
-                "`cargo metadata` in {} failed; `--dev` needs the manifest inside a cargo project:\n{}",
+                "`cargo metadata` in {} failed:\n{}",
                 dir.display(),
                 String::from_utf8_lossy(&out.stderr).trim_end()
             );
@@ -137,11 +141,11 @@ impl Project {
         })
     }
 
-    /// The builds that produce the libraries of `entries` (entry id, library path), and a
-    /// note for each entry this project does not build.
+    /// The builds that produce the libraries of `entries` (entry id, library path), and the
+    /// ids of the entries this project does not build.
     fn builds(&self, entries: &[(String, PathBuf)]) -> (Builds, Vec<String>) {
         let mut builds = Builds::new();
-        let mut notes = Vec::new();
+        let mut others = Vec::new();
         for (id, path) in entries {
             let path = path.canonicalize().unwrap_or_else(|_| path.clone());
             let member = path.file_name().and_then(|file| {
@@ -162,14 +166,10 @@ impl Project {
                         .or_default()
                         .insert(m.package.clone());
                 }
-                _ => notes.push(format!(
-                    "entry `{id}`: {} is not built by the cargo project {}; it is reloaded when the file changes but not rebuilt",
-                    path.display(),
-                    self.manifest.display()
-                )),
+                _ => others.push(id.clone()),
             }
         }
-        (builds, notes)
+        (builds, others)
     }
 
     /// Whether a changed path is a source edit (not build output, not a hidden or backup
@@ -267,68 +267,172 @@ impl Project {
     }
 }
 
-impl Project {
+/// The cargo project whose member's crate root is the first source in the dep-info file
+/// cargo writes beside `library` (`lib<name>.d`): the directory to ask `cargo metadata` in.
+fn crate_dir_of(library: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let dep_info = library.with_extension("d");
+    let mut text = String::new();
+    std::fs::File::open(dep_info)
+        .ok()?
+        .take(1 << 20)
+        .read_to_string(&mut text)
+        .ok()?;
+    // `<output>: <root source> <more sources>...`, spaces in paths escaped with `\`.
+    let (_, deps) = text.lines().next()?.split_once(": ")?;
+    let mut root = String::new();
+    let mut chars = deps.trim_start().chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => root.extend(chars.next()),
+            ' ' => break,
+            c => root.push(c),
+        }
+    }
+    Path::new(&root)
+        .ancestors()
+        .skip(1)
+        .find(|dir| dir.join("Cargo.toml").is_file())
+        .map(Path::to_path_buf)
+}
+
+/// The enabled entries of `manifest` and their libraries: a `path:` relative to the
+/// manifest, else the library found on `search`, else (when `unbuilt` is given) where the
+/// `dev` profile of `unbuilt` would write it. Entries not found otherwise are left out; an
+/// unreadable manifest has none (the composition's own check reports it).
+fn manifest_entries(
+    manifest: &Path,
+    search: &SearchPath,
+    unbuilt: Option<&Path>,
+) -> Vec<(String, PathBuf)> {
+    let Ok(text) = std::fs::read_to_string(manifest) else {
+        return Vec::new();
+    };
+    let Ok(parsed) = cordis_engine::manifest::parse(&text) else {
+        return Vec::new();
+    };
+    let base = manifest.parent().unwrap_or(Path::new("."));
+    parsed
+        .enabled()
+        .filter_map(|e| {
+            let path = match &e.path {
+                Some(p) => base.join(p),
+                None => search.find(&e.plugin).ok().or_else(|| {
+                    unbuilt.map(|t| t.join("debug").join(library_file_name(&e.plugin)))
+                })?,
+            };
+            Some((e.id.clone(), path))
+        })
+        .collect()
+}
+
+/// Every cargo project `--dev` rebuilds.
+#[derive(Debug)]
+pub struct Projects(Vec<Project>);
+
+impl Projects {
+    /// The projects behind the libraries `manifest` names and the one `manifest` lives in.
+    /// None at all is an error that says what `--dev` needs.
+    pub fn discover(manifest: &Path, search: &SearchPath) -> anyhow::Result<Projects> {
+        let manifest_dir = manifest
+            .canonicalize()
+            .ok()
+            .and_then(|m| m.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from("."));
+        let mut dirs = vec![manifest_dir.clone()];
+        dirs.extend(
+            manifest_entries(manifest, search, None)
+                .iter()
+                .filter_map(|(_, library)| crate_dir_of(library)),
+        );
+        let mut projects: Vec<Project> = Vec::new();
+        let mut asked = BTreeSet::new();
+        for dir in dirs {
+            if !asked.insert(dir.clone()) {
+                continue;
+            }
+            // Outside every cargo project is fine for the manifest (a composition beside
+            // its plugins' folders); a library's project that cargo cannot read is skipped.
+            let Ok(project) = Project::discover(&dir) else {
+                continue;
+            };
+            if !projects.iter().any(|p| p.manifest == project.manifest) {
+                projects.push(project);
+            }
+        }
+        if projects.is_empty() {
+            anyhow::bail!(
+                "no cargo project builds a library of {} and it is not inside one: `--dev` rebuilds plugins from their sources; build them once with cargo (it writes the dep-info file `lib<name>.d` beside each library that leads back to its sources), or run without `--dev`",
+                manifest.display()
+            );
+        }
+        Ok(Projects(projects))
+    }
+
+    /// What `--dev` trusts and must protect from sandboxed sessions: every project's
+    /// package directories and target directory.
+    pub fn trusted_paths(&self) -> Vec<PathBuf> {
+        self.0.iter().flat_map(Project::trusted_paths).collect()
+    }
+
     /// Builds the libraries the enabled entries of `manifest` name, before anything is
     /// loaded, so `cordis run --dev` serves the current sources (and works before the first
     /// `cargo build`). An entry without `path:` is looked up in `search`; one not found there
-    /// yet is built into the `dev` profile. Returns whether the build succeeded; an
-    /// unreadable manifest builds nothing (the composition's own check reports it).
+    /// yet is built into the `dev` profile of the first project (the manifest's own, when
+    /// it is in one). Returns whether every build succeeded.
     pub fn build_for_manifest(&self, manifest: &Path, search: &SearchPath) -> bool {
-        let Ok(text) = std::fs::read_to_string(manifest) else {
-            return true;
-        };
-        let Ok(parsed) = cordis_engine::manifest::parse(&text) else {
-            return true;
-        };
-        let base = manifest.parent().unwrap_or(Path::new("."));
-        let entries: Vec<(String, PathBuf)> = parsed
-            .enabled()
-            .map(|e| {
-                let path = match &e.path {
-                    Some(p) => base.join(p),
-                    None => search.find(&e.plugin).unwrap_or_else(|_| {
-                        self.target_dir
-                            .join("debug")
-                            .join(library_file_name(&e.plugin))
-                    }),
-                };
-                (e.id.clone(), path)
-            })
-            .collect();
-        let (builds, _) = self.builds(&entries);
-        builds.is_empty() || self.build(&builds)
+        let unbuilt = self.0.first().map(|p| p.target_dir.as_path());
+        let entries = manifest_entries(manifest, search, unbuilt);
+        self.0.iter().all(|project| {
+            let (builds, _) = project.builds(&entries);
+            builds.is_empty() || project.build(&builds)
+        })
     }
 }
 
-/// Watches the sources of `project` and rebuilds and reloads `runtime`'s plugins on every
+/// Watches the sources of `projects` and rebuilds and reloads `runtime`'s plugins on every
 /// change (once the sources have been quiet for `quiet.library`), on a background thread.
 /// The reload follows cargo's build-finished message with no further wait.
-pub fn spawn(runtime: Arc<Runtime>, project: Project, quiet: Quiet) -> anyhow::Result<()> {
+pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow::Result<()> {
     let entries = entry_libraries(&runtime);
-    let (builds, notes) = project.builds(&entries);
-    for note in notes {
-        tracing::warn!("dev: {note}");
+    let mut packages: BTreeSet<String> = BTreeSet::new();
+    let mut not_built: Option<BTreeSet<String>> = None;
+    for project in &projects.0 {
+        let (builds, others) = project.builds(&entries);
+        packages.extend(builds.into_values().flatten());
+        let others: BTreeSet<String> = others.into_iter().collect();
+        not_built = Some(match not_built {
+            None => others,
+            Some(before) => before.intersection(&others).cloned().collect(),
+        });
+    }
+    let not_built = not_built.unwrap_or_default();
+    if !not_built.is_empty() {
+        tracing::info!(
+            "dev: not rebuilding {} (no cargo project here builds their libraries; they are reloaded when their files change)",
+            not_built.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
+        );
     }
     let (tx, rx) = channel::<Vec<PathBuf>>();
     let mut watcher = change_watcher(tx)?;
-    for dir in &project.member_dirs {
+    for dir in projects.0.iter().flat_map(|p| &p.member_dirs) {
         watcher
             .watch(dir, RecursiveMode::Recursive)
             .with_context(|| format!("cannot watch {}", dir.display()))?;
     }
-    let packages: BTreeSet<&String> = builds.values().flatten().collect();
     tracing::info!(
         "dev: rebuilding {} on every change in {}",
         if packages.is_empty() {
-            "nothing (no loaded library is built by this project)".to_string()
+            "nothing (no loaded library is built by these projects)".to_string()
         } else {
-            packages
-                .iter()
-                .map(|p| p.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            packages.iter().cloned().collect::<Vec<_>>().join(", ")
         },
-        project.manifest.display()
+        projects
+            .0
+            .iter()
+            .map(|p| p.manifest.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     std::thread::Builder::new()
@@ -336,12 +440,21 @@ pub fn spawn(runtime: Arc<Runtime>, project: Project, quiet: Quiet) -> anyhow::R
         .spawn(move || {
             let _watcher = watcher;
             while let Some(batch) = next_batch(&rx, |_| quiet.library) {
-                let Some(edited) = batch.paths.iter().find(|p| project.is_source(p)) else {
+                let edited: Vec<&Project> = projects
+                    .0
+                    .iter()
+                    .filter(|project| batch.paths.iter().any(|p| project.is_source(p)))
+                    .collect();
+                if edited.is_empty() {
                     continue;
-                };
-                tracing::debug!("dev: {} changed", edited.display());
+                }
                 survive("dev builder", || {
-                    let (builds, _) = project.builds(&entry_libraries(&runtime));
+                    let entries = entry_libraries(&runtime);
+                    let builds: Vec<(&Project, Builds)> = edited
+                        .iter()
+                        .map(|project| (*project, project.builds(&entries).0))
+                        .filter(|(_, builds)| !builds.is_empty())
+                        .collect();
                     if builds.is_empty() {
                         return;
                     }
@@ -349,7 +462,7 @@ pub fn spawn(runtime: Arc<Runtime>, project: Project, quiet: Quiet) -> anyhow::R
                     // reload follows the whole build.
                     let built = {
                         let _hold = runtime.hold_reloads();
-                        project.build(&builds)
+                        builds.iter().all(|(project, builds)| project.build(builds))
                     };
                     if built {
                         reload_and_log(&runtime, Some(batch.first_seen));
@@ -398,7 +511,7 @@ mod tests {
         let p = project(root);
         let lib =
             |dir: &str, name: &str| root.join("target").join(dir).join(library_file_name(name));
-        let (builds, notes) = p.builds(&[
+        let (builds, others) = p.builds(&[
             ("a".into(), lib("debug", "plugin_a")),
             ("b".into(), lib("release", "plugin_b")),
             ("c".into(), lib("debug", "elsewhere")),
@@ -417,9 +530,7 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(builds, expected);
-        assert_eq!(notes.len(), 2, "{notes:?}");
-        assert!(notes[0].starts_with("entry `c`: "), "{notes:?}");
-        assert!(notes[1].starts_with("entry `d`: "), "{notes:?}");
+        assert_eq!(others, ["c", "d"]);
     }
 
     #[test]

@@ -213,13 +213,16 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = match cli.command {
-        Command::Run(_) => "info",
+    // `cordis run` logs what cordis and its plugins do at INFO; other libraries only warn
+    // (their INFO lines, e.g. the file watcher's, are noise to an operator). `RUST_LOG`
+    // replaces this.
+    let default_filter = match cli.command {
+        Command::Run(_) => "warn,cordis=info,cordis_cli=info,cordis_engine=info,plugin=info",
         _ => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -493,12 +496,8 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
     }
     // With `--dev`, the libraries are brought up to date with the sources first.
     let project = if args.dev {
-        let dir = manifest
-            .canonicalize()
-            .ok()
-            .and_then(|m| m.parent().map(std::path::Path::to_path_buf))
-            .unwrap_or_else(|| PathBuf::from("."));
-        let project = cordis_cli::dev::Project::discover(&dir).context("`--dev` cannot start")?;
+        let project = cordis_cli::dev::Projects::discover(&manifest, &host.options.search)
+            .context("`--dev` cannot start")?;
         let trusted = project.trusted_paths();
         tracing::warn!(
             "dev: the plugin sources in {} are rebuilt and run UNCONFINED in this host; they and \
