@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use cordis_e2e::{
-    cargo, cargo_target, target_dir, with_build_lock, workspace_profiles, workspace_root, Scratch,
+    bundled_manifest, cargo, cargo_target, target_dir, with_build_lock, workspace_profiles,
+    workspace_root, Scratch,
 };
 use cordis_example_api::{Greeter, GreeterClient};
 use cordis_sdk::Result;
@@ -312,6 +313,74 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
         warnings.len() == 1 && warnings[0].contains("run UNCONFINED in this host"),
         "{log}"
     );
+}
+
+/// A plugin written outside this repository, from `cordis new`: it injects `fs` and
+/// `sandboxPolicy` through the interface crates, its own tests run with `cordis-test` and
+/// the stand-ins those crates ship, and it composes with the bundled plugins.
+#[test]
+fn an_outside_plugin_uses_the_interface_crates_and_their_stand_ins() {
+    let plugin = Scaffold::new("outside-notes");
+    let interfaces = workspace_root()
+        .join("plugins/interfaces")
+        .canonicalize()
+        .unwrap();
+    let dep = |name: &str, dir: &str, features: &str| {
+        format!(
+            "{name} = {{ path = \"{}\"{features} }}",
+            interfaces.join(dir).display()
+        )
+    };
+    let manifest_path = plugin.dir.join("Cargo.toml");
+    let mut toml = std::fs::read_to_string(&manifest_path).unwrap();
+    for (line_start, features) in [
+        ("cordis-sdk = ", ""),
+        ("cordis-test = ", ", features = [\"testing\"]"),
+    ] {
+        let line = toml
+            .lines()
+            .find(|l| l.starts_with(line_start))
+            .unwrap_or_else(|| panic!("no {line_start}in {toml}"))
+            .to_string();
+        let with = format!(
+            "{line}\n{}\n{}",
+            dep("dsh-fs-api", "fs-api", features),
+            dep("dsh-sandbox", "sandbox", features)
+        );
+        toml = toml.replace(&line, &with);
+    }
+    std::fs::write(&manifest_path, toml).unwrap();
+    let outside = workspace_root().join("tests/outside");
+    for file in ["src/lib.rs", "tests/plugin.rs"] {
+        std::fs::copy(outside.join(file), plugin.dir.join(file)).unwrap();
+    }
+    let scratch = &plugin.scratch;
+    let project = scratch.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    scratch.manifest(&format!(
+        "{}\n- name: outside-notes\n  path: {}\n",
+        bundled_manifest(),
+        plugin.library.display()
+    ));
+    with_build_lock(|| {
+        let tested = text(&run(cargo(&plugin.dir, &["test"]), true));
+        assert!(tested.contains("test result: ok. 2 passed"), "{tested}");
+        run(cargo(&plugin.dir, &["build"]), true);
+        scratch
+            .run(&["check"])
+            .expect_code(0)
+            .expect_output(&["valid composition", "outside-notes"]);
+        let project_arg = project.display().to_string();
+        for text in ["first", "second"] {
+            let args = format!(r#"{{"text": "{text}"}}"#);
+            scratch
+                .run(&["call", "--cwd", &project_arg, "note", &args])
+                .expect_code(0)
+                .expect_output(&["noted under workspace-write"]);
+        }
+    });
+    let notes = std::fs::read_to_string(project.join("NOTES.txt")).unwrap();
+    assert_eq!(notes, "first\nsecond\n");
 }
 
 #[test]

@@ -142,6 +142,23 @@ fn test() -> Result<(), String> {
         cmd.args(["test", "--workspace", "--doc"]);
         status(cmd, "doc tests")?;
     }
+    // The interface crates' stand-ins (feature `testing`, never enabled inside the
+    // workspace, so the bundled plugins are built the same way by every command): their
+    // documented examples.
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--doc",
+        "--features",
+        "testing",
+        "-p",
+        "dsh-fs-api",
+        "-p",
+        "dsh-sandbox",
+        "-p",
+        "dsh-shell-api",
+    ]);
+    status(cmd, "the stand-ins' doc tests")?;
     let mut cmd = cargo();
     if nextest {
         cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);

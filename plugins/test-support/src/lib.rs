@@ -1,5 +1,5 @@
-//! Test support for plugin authors: load a plugin library through the real `cordis` host
-//! loader and registry, with a given config and stand-in services, then call its services
+//! Test support for plugin authors: load a plugin library through the real `cordis` engine
+//! (its loader and registry; no front-end), with a given config and stand-in services, then call its services
 //! and tools and assert on the results — no manifest, no server.
 //!
 //! Add it to the plugin crate's `dev-dependencies` and write an integration test:
@@ -19,9 +19,30 @@
 //! # }
 //! ```
 //!
-//! A service the plugin injects is replaced by a stand-in built with the seam crate's
-//! `Client::serve(...)` (see [`PluginUnderTest::stand_in`]); a service it provides is
-//! reached with [`Started::service`], typed by the seam crate's client.
+//! A service the plugin injects is replaced by a stand-in (see
+//! [`PluginUnderTest::stand_in`]): the one its interface crate ships behind the feature
+//! `testing`, one line each —
+//!
+//! ```text
+//! [dev-dependencies]
+//! cordis-test = "0.1"
+//! dsh-fs-api = { version = "0.1", features = ["testing"] }
+//! dsh-sandbox = { version = "0.1", features = ["testing"] }
+//! ```
+//!
+//! ```text
+//! let fs = dsh_fs_api::testing::TempDirFs::new()?;
+//! let started = PluginUnderTest::build(env!("CARGO_MANIFEST_DIR"))?
+//!     .stand_in(dsh_fs_api::FS, fs.serve())
+//!     .stand_in(dsh_sandbox::SANDBOX_POLICY, FixedPolicy::new(SandboxMode::WorkspaceWrite, fs.path()).serve())
+//!     .cwd(fs.path())
+//!     .start()?;
+//! ```
+//!
+//! — or one of your own, `Client::serve(...)` of the seam crate's client over any type
+//! implementing its trait. [`PluginUnderTest::start`] names every missing or mismatched
+//! stand-in at once. A service the plugin provides is reached with [`Started::service`],
+//! typed by the seam crate's client.
 //!
 //! The plugin runs exactly as under `cordis`: its library is checked for ABI compatibility
 //! when loaded, its config is checked against its JSON Schema and its own deserializer,
@@ -76,11 +97,12 @@ pub enum HarnessError {
         /// Every problem, one per line.
         problems: Vec<String>,
     },
-    /// A required injection has no stand-in (or one of another interface or version).
+    /// Required injections without a stand-in (or with one of another interface or
+    /// version), every one of them.
     Injection {
         /// The plugin.
         plugin: String,
-        /// What is missing or mismatched and how to supply it.
+        /// What is missing or mismatched and how to supply it, one line each.
         problem: String,
     },
     /// The plugin's `apply` failed.
@@ -326,30 +348,34 @@ impl PluginUnderTest {
         })
     }
 
+    /// Every required injection without a fitting stand-in, all reported at once.
     fn check_injections(&self, services: &[(ServiceSpec, ServiceBox)]) -> Result<(), HarnessError> {
         let meta = &self.library.meta;
-        for inj in &meta.injects {
-            let problem = match services.iter().find(|(s, _)| s.name == inj.name) {
-                None if inj.optional => continue,
-                None => format!(
-                    "it requires service `{}` ({} v{}); supply one with `.stand_in(\"{}\", Client::serve(...))` using the seam crate's client",
+        let problems: Vec<String> = meta
+            .injects
+            .iter()
+            .filter_map(|inj| match services.iter().find(|(s, _)| s.name == inj.name) {
+                None if inj.optional => None,
+                None => Some(format!(
+                    "it requires service `{}` ({} v{}); supply one with `.stand_in(\"{}\", ...)`: the seam crate's stand-in (its `testing` feature) or `Client::serve(...)` of your own",
                     inj.name, inj.interface, inj.version, inj.name
-                ),
-                Some((s, _)) => match InterfaceMismatch::check(
+                )),
+                Some((s, _)) => InterfaceMismatch::check(
                     &inj.name,
                     (&inj.interface, inj.version),
                     (&s.interface, s.version),
-                ) {
-                    Ok(()) => continue,
-                    Err(mismatch) => mismatch.explain("it", "the stand-in"),
-                },
-            };
-            return Err(HarnessError::Injection {
-                plugin: meta.name.clone(),
-                problem,
-            });
+                )
+                .err()
+                .map(|mismatch| mismatch.explain("it", "the stand-in")),
+            })
+            .collect();
+        if problems.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        Err(HarnessError::Injection {
+            plugin: meta.name.clone(),
+            problem: problems.join("\n  "),
+        })
     }
 }
 

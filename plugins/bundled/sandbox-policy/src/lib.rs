@@ -18,21 +18,8 @@ use dsh_sandbox::{
 };
 use serde::Deserializer;
 
-/// Error codes of this plugin.
-pub mod codes {
-    /// A session's `sandbox/mode` event holds a value outside the closed vocabulary.
-    pub const SANDBOX_FORGED_MODE: &str = "SANDBOX_FORGED_MODE";
-    /// The session could not be read from the host's session store.
-    pub const SANDBOX_UNKNOWN_SESSION: &str = "SANDBOX_UNKNOWN_SESSION";
-    /// A workspace root (configured or a session's cwd) is not a usable directory, no
-    /// longer names the directory its session was created in, or would make the whole
-    /// file system or the home directory writable.
-    pub const SANDBOX_BAD_ROOT: &str = "SANDBOX_BAD_ROOT";
-    /// A `writableRoots`, `protectedPaths` or `denyRead` entry is not usable.
-    pub const SANDBOX_BAD_PATH: &str = "SANDBOX_BAD_PATH";
-    /// The host's state directory lies inside a writable root.
-    pub const SANDBOX_STATE_DIR_WRITABLE: &str = "SANDBOX_STATE_DIR_WRITABLE";
-}
+/// Error codes of this plugin: those of the `sandboxPolicy` interface.
+pub use dsh_sandbox::codes;
 
 /// The config under `config:` in `cordis.yml`.
 #[derive(Deserialize, JsonSchema, Default)]

@@ -4,8 +4,60 @@
 //! optional per-call [`SandboxExecutionPolicy`]; a plain local backend ignores it. Reads
 //! open only regular files, never blocking on a FIFO or a device; [`ReadLines`] is the
 //! bounded read for anything a model asks for.
+//!
+//! # Using it from a plugin
+//!
+//! Declare the injection in `metadata()` (`.injects::<FsClient>(FS)`), take the client in
+//! `apply` (`ctx.inject(FS)?`), and call the [`FileSystem`] methods on it. The rules a
+//! consumer follows:
+//!
+//! - **Resolve the calling session's policy on every call** (`sandboxPolicy`'s `resolve`
+//!   with the call's session id) and pass it as `policy` to every mutation and read: the
+//!   policy changes while a session runs (`cordis session set-mode`, an approved
+//!   escalation), so a policy kept from an earlier call is wrong. `None` means the
+//!   backend's deployment default, never the session's.
+//! - **Absolute paths only**, resolved against `CallContext::session.cwd` (the session's
+//!   immutable root), never against the host's working directory.
+//! - **Bounded reads for model input**: [`FileSystem::read_lines`] with caps, not
+//!   [`FileSystem::read_text`], for anything a model asked for.
+//! - **Errors are data**: each method fails with a [`cordis_sdk::Error`] whose `code` is one
+//!   of [`codes`]; a sandbox refusal is [`codes::FS_SANDBOX_DENIED`] with the mode in
+//!   `data`, and a tool shows it to the model as an error result, not a failure.
+//!
+//! ```no_run
+//! use cordis_sdk::CallContext;
+//! use dsh_fs_api::{FileSystem, FsClient, WriteText};
+//! use dsh_sandbox::{ResolveArgs, SandboxPolicy, SandboxPolicyClient};
+//!
+//! /// Writes `text` to `name` in the calling session's directory, under its policy.
+//! fn save(
+//!     fs: &FsClient,
+//!     policy: &SandboxPolicyClient,
+//!     call: &CallContext,
+//!     name: &str,
+//!     text: &str,
+//! ) -> cordis_sdk::Result<u64> {
+//!     let resolved = policy.resolve(ResolveArgs {
+//!         session: Some(call.session.id.clone()),
+//!         mode: None,
+//!     })?;
+//!     let written = fs.write_text(WriteText {
+//!         path: call.session.cwd.join(name),
+//!         content: text.to_string(),
+//!         policy: Some(resolved),
+//!     })?;
+//!     Ok(written.bytes)
+//! }
+//! ```
+//!
+//! For tests, the feature `testing` adds [`testing::TempDirFs`](crate::testing), an `fs`
+//! over a temporary directory to pass to `cordis-test` as a stand-in.
 
 use std::path::PathBuf;
+
+/// Stand-ins for plugin tests (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
 use serde::{Deserialize, Serialize};

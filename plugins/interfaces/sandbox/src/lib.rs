@@ -3,8 +3,45 @@
 //! [`writable_roots`] function both the fs fence and the shell runner use, path
 //! canonicalization and containment, the model-facing denial marker, the escalation
 //! parameter check, the ordered fail-closed [`approve_escalation`], and the `sandboxPolicy`
-//! service interface. It depends on no approval or agent code: approval comes in through
-//! the minimal [`EscalationApprover`] trait.
+//! service interface ([`SandboxPolicy`]). It depends on no approval or agent code:
+//! approval comes in through the minimal [`EscalationApprover`] trait.
+//!
+//! # Using `sandboxPolicy` from a plugin
+//!
+//! Declare `.injects::<SandboxPolicyClient>(SANDBOX_POLICY)` in `metadata()` and take the
+//! client with `ctx.inject(SANDBOX_POLICY)?`. The rules a consumer follows:
+//!
+//! - **Resolve on every call, never cache**: [`SandboxPolicy::resolve`] with the calling
+//!   session's id gives the policy that call runs under (an approved escalation's mode >
+//!   the session's last `sandbox/mode` switch > the deployment default; the session's cwd
+//!   as workspace root, checked on every call to still be the directory the session was
+//!   created in; the composition's protected paths, which grow with a reload). Pass it on
+//!   to `fs` and `shell` as their `policy`.
+//! - **Escalate only through the approval flow**: a tool's `sandbox_permissions` argument
+//!   goes through [`escalation_params`] and [`approve_escalation`]; only an approved call
+//!   resolves with `mode: Some(...)`.
+//! - **Refuse with the marker**: a tool that denies a call starts its error text with
+//!   [`denial_marker`], so a model can tell a sandbox refusal from a failure.
+//! - **Errors** are [`codes`]: an unreadable session, a forged mode switch or a root that
+//!   is no longer the session's make `resolve` fail; a tool reports that as an error
+//!   result and does nothing.
+//!
+//! ```no_run
+//! use cordis_sdk::CallContext;
+//! use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient};
+//!
+//! /// Whether the calling session may write at all, as of this call.
+//! fn may_write(policy: &SandboxPolicyClient, call: &CallContext) -> cordis_sdk::Result<bool> {
+//!     let resolved = policy.resolve(ResolveArgs {
+//!         session: Some(call.session.id.clone()),
+//!         mode: None,
+//!     })?;
+//!     Ok(resolved.mode != SandboxMode::ReadOnly)
+//! }
+//! ```
+//!
+//! For tests, the feature `testing` adds [`testing::FixedPolicy`](crate::testing), a
+//! `sandboxPolicy` with one fixed policy to pass to `cordis-test` as a stand-in.
 
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -132,6 +169,9 @@ pub struct SandboxExecutionPolicy {
 }
 
 pub mod fence;
+/// Stand-ins for plugin tests (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub use fence::{Fence, PathSet, GIT_PROTECTED};
 
 /// The roots a `workspace-write` call may modify beneath: the workspace root, the policy's
@@ -472,6 +512,25 @@ pub struct SetModeArgs {
     pub session: String,
     /// The new standing mode.
     pub mode: SandboxMode,
+}
+
+/// Error codes of the `sandboxPolicy` interface (`Error::code`). [`SandboxPolicy::resolve`]
+/// and [`SandboxPolicy::set_sandbox_mode`] fail with the first three; the policy owner
+/// refuses its config with the last two.
+pub mod codes {
+    /// A session's `sandbox/mode` event holds a value outside the closed vocabulary (the
+    /// log was edited or is corrupt); the session cannot be used.
+    pub const SANDBOX_FORGED_MODE: &str = "SANDBOX_FORGED_MODE";
+    /// The session could not be read from the host's session store.
+    pub const SANDBOX_UNKNOWN_SESSION: &str = "SANDBOX_UNKNOWN_SESSION";
+    /// A workspace root (configured or a session's cwd) is not a usable directory, no
+    /// longer names the directory its session was created in, or would make the whole
+    /// file system or the home directory writable.
+    pub const SANDBOX_BAD_ROOT: &str = "SANDBOX_BAD_ROOT";
+    /// A `writableRoots`, `protectedPaths` or `denyRead` entry is not usable.
+    pub const SANDBOX_BAD_PATH: &str = "SANDBOX_BAD_PATH";
+    /// The host's state directory lies inside a writable root.
+    pub const SANDBOX_STATE_DIR_WRITABLE: &str = "SANDBOX_STATE_DIR_WRITABLE";
 }
 
 /// The registry name of the policy service.

@@ -1,7 +1,60 @@
 //! The `shell` seam: the interface every shell backend (`dsh-bash-local`,
 //! `dsh-bash-sandbox`) provides and every consumer (`dsh-tool-bash`) injects.
+//!
+//! # Using it from a plugin
+//!
+//! Declare `.injects::<ShellClient>(SHELL)` in `metadata()`, take the client with
+//! `ctx.inject(SHELL)?`, and call [`Shell::exec`]. The rules a consumer follows:
+//!
+//! - **Resolve the calling session's policy on every call** (`sandboxPolicy`'s `resolve`)
+//!   and pass it as [`ExecRequest::policy`]; `None` means the backend's deployment default.
+//! - **Run in the session's directory**: [`ExecRequest::cwd`] is absolute, normally
+//!   `CallContext::session.cwd`.
+//! - **Pass the call's cancel descriptor** (`CallContext::cancel_fd`) as
+//!   [`ExecRequest::cancel_fd`], so a cancelled call kills the command and everything it
+//!   started instead of waiting for it.
+//! - **Errors**: [`codes::SHELL_SANDBOX_UNAVAILABLE`] means the command did *not* run (the
+//!   kernel cannot confine it here); [`codes::SHELL_SPAWN`] that it could not start. A
+//!   command that ran and failed is a normal [`ExecResult`] (its exit code, signal,
+//!   `timed_out`, `sandbox_denied`).
+//!
+//! ```no_run
+//! use cordis_sdk::CallContext;
+//! use dsh_sandbox::{ResolveArgs, SandboxPolicy, SandboxPolicyClient};
+//! use dsh_shell_api::{ExecRequest, Shell, ShellClient};
+//!
+//! /// Runs `command` in the calling session's directory, under its policy.
+//! fn run(
+//!     shell: &ShellClient,
+//!     policy: &SandboxPolicyClient,
+//!     call: &CallContext,
+//!     command: &str,
+//! ) -> cordis_sdk::Result<String> {
+//!     let resolved = policy.resolve(ResolveArgs {
+//!         session: Some(call.session.id.clone()),
+//!         mode: None,
+//!     })?;
+//!     let result = shell.exec(ExecRequest {
+//!         command: command.to_string(),
+//!         cwd: call.session.cwd.clone(),
+//!         env: Vec::new(),
+//!         timeout_ms: None,
+//!         output_limit: None,
+//!         policy: Some(resolved),
+//!         cancel_fd: call.cancel_fd,
+//!     })?;
+//!     Ok(result.stdout)
+//! }
+//! ```
+//!
+//! For tests, the feature `testing` adds [`testing::ScriptedShell`](crate::testing), a
+//! `shell` that records requests and answers from a script.
 
 use std::path::PathBuf;
+
+/// Stand-ins for plugin tests (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
 use serde::{Deserialize, Serialize};

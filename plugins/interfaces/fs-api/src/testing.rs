@@ -1,0 +1,305 @@
+//! A stand-in `fs` for plugin tests (feature `testing`): [`TempDirFs`], a plain filesystem
+//! over a fresh temporary directory.
+//!
+//! ```
+//! use dsh_fs_api::testing::TempDirFs;
+//! use dsh_fs_api::{FileSystem, WriteText};
+//!
+//! let fs = TempDirFs::new().unwrap();
+//! // With cordis-test: `PluginUnderTest::build(...)?.stand_in(dsh_fs_api::FS, fs.serve())`.
+//! let path = fs.path().join("notes/a.txt");
+//! fs.write_text(WriteText { path: path.clone(), content: "hi\n".into(), policy: None }).unwrap();
+//! assert_eq!(std::fs::read_to_string(path).unwrap(), "hi\n");
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordis_sdk::abi::ServiceBox;
+use cordis_sdk::{Error, Result};
+use dsh_sandbox::SandboxMode;
+
+use crate::{
+    codes, DirEntry, EditText, Edited, FileSystem, FsClient, Kind, Lines, ListDir, Listing,
+    ReadLines, Stat, WriteText, Written,
+};
+
+/// An `fs` over a temporary directory (removed when the last clone is dropped): plain
+/// `std::fs`, no sandbox (`sandbox_mode` is `None`, like `dsh-fs-local`), and every path
+/// must lie inside the directory (anything else is refused with `FS_SANDBOX_DENIED`), so
+/// a test sees exactly what its plugin wrote. Reads and edits handle files whole; a page
+/// of `read_lines` honours its line and byte caps but does not cut long lines.
+#[derive(Clone)]
+pub struct TempDirFs {
+    _dir: Arc<tempfile::TempDir>,
+    root: PathBuf,
+}
+
+impl TempDirFs {
+    /// A fresh, empty directory.
+    pub fn new() -> std::io::Result<TempDirFs> {
+        let dir = tempfile::Builder::new().prefix("cordis-fs-").tempdir()?;
+        let root = dir.path().canonicalize()?;
+        Ok(TempDirFs {
+            _dir: Arc::new(dir),
+            root,
+        })
+    }
+
+    /// The directory (canonical).
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// This stand-in as a service object, for `cordis-test`'s `stand_in(FS, ...)`.
+    pub fn serve(&self) -> ServiceBox {
+        FsClient::serve(self.clone())
+    }
+
+    /// `path`, refused unless it is absolute and lies inside the directory.
+    fn inside(&self, path: &Path) -> Result<PathBuf> {
+        let normal = path.is_absolute()
+            && !path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+        if normal && path.starts_with(&self.root) {
+            return Ok(path.to_path_buf());
+        }
+        Err(Error::new(
+            codes::FS_SANDBOX_DENIED,
+            format!(
+                "{} is outside the stand-in's directory {}",
+                path.display(),
+                self.root.display()
+            ),
+        ))
+    }
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> Error {
+    let code = match e.kind() {
+        std::io::ErrorKind::NotFound => codes::FS_NOT_FOUND,
+        std::io::ErrorKind::PermissionDenied => codes::FS_PERMISSION_DENIED,
+        std::io::ErrorKind::IsADirectory | std::io::ErrorKind::NotADirectory => {
+            codes::FS_WRONG_KIND
+        }
+        std::io::ErrorKind::InvalidData => codes::FS_NOT_TEXT,
+        _ => codes::FS_IO,
+    };
+    Error::new(code, format!("{}: {e}", path.display()))
+}
+
+fn kind_of(t: std::fs::FileType) -> Kind {
+    if t.is_symlink() {
+        Kind::Symlink
+    } else if t.is_dir() {
+        Kind::Dir
+    } else if t.is_file() {
+        Kind::File
+    } else {
+        Kind::Other
+    }
+}
+
+impl TempDirFs {
+    fn read(&self, path: &Path) -> Result<String> {
+        let path = self.inside(path)?;
+        let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+        if !meta.is_file() {
+            return Err(Error::new(
+                codes::FS_WRONG_KIND,
+                format!("{} is not a regular file", path.display()),
+            ));
+        }
+        std::fs::read_to_string(&path).map_err(|e| io_error(&path, e))
+    }
+}
+
+impl FileSystem for TempDirFs {
+    fn resolve(&self, path: PathBuf) -> Result<PathBuf> {
+        let path = self.inside(&path)?;
+        Ok(path.canonicalize().unwrap_or(path))
+    }
+
+    fn stat(&self, path: PathBuf) -> Result<Stat> {
+        let path = self.inside(&path)?;
+        let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+        Ok(Stat {
+            kind: kind_of(meta.file_type()),
+            size: meta.len(),
+            modified_ms: meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64),
+        })
+    }
+
+    fn read_text(&self, path: PathBuf) -> Result<String> {
+        self.read(&path)
+    }
+
+    fn read_lines(&self, args: ReadLines) -> Result<Lines> {
+        let text = self.read(&args.path)?;
+        let all: Vec<&str> = text.split_inclusive('\n').collect();
+        let first = args.offset.max(1) as usize - 1;
+        let limit = args.limit.unwrap_or(u64::MAX).min(args.caps.max_lines) as usize;
+        let mut page = String::new();
+        let mut count = 0;
+        for line in all.iter().skip(first).take(limit) {
+            if count > 0 && (page.len() + line.len()) as u64 > args.caps.max_bytes {
+                break;
+            }
+            page.push_str(line);
+            count += 1;
+        }
+        let end = first + count >= all.len();
+        Ok(Lines {
+            text: page,
+            count: count as u64,
+            size: text.len() as u64,
+            cut: None,
+            total: end.then_some(all.len() as u64),
+            long_lines: Vec::new(),
+        })
+    }
+
+    fn list_dir(&self, args: ListDir) -> Result<Listing> {
+        let path = self.inside(&args.path)?;
+        let mut entries = std::fs::read_dir(&path)
+            .map_err(|e| io_error(&path, e))?
+            .map(|entry| {
+                let entry = entry.map_err(|e| io_error(&path, e))?;
+                Ok(DirEntry {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    kind: entry.file_type().map_or(Kind::Other, kind_of),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        let total = entries.len() as u64;
+        entries.truncate(args.max_entries.max(1) as usize);
+        Ok(Listing { entries, total })
+    }
+
+    fn write_text(&self, args: WriteText) -> Result<Written> {
+        let path = self.inside(&args.path)?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io_error(parent, e))?;
+        }
+        let created = !path.exists();
+        let staging = path.with_extension("cordis-stand-in.tmp");
+        std::fs::write(&staging, &args.content)
+            .and_then(|()| std::fs::rename(&staging, &path))
+            .map_err(|e| io_error(&path, e))?;
+        Ok(Written {
+            bytes: args.content.len() as u64,
+            created,
+        })
+    }
+
+    fn edit_text(&self, args: EditText) -> Result<Edited> {
+        let text = self.read(&args.path)?;
+        let found = text.matches(&args.old_string).count();
+        if found == 0 || args.old_string.is_empty() {
+            return Err(Error::new(
+                codes::FS_EDIT_NO_MATCH,
+                format!("`old_string` is not in {}", args.path.display()),
+            ));
+        }
+        if found > 1 && !args.replace_all {
+            return Err(Error::new(
+                codes::FS_EDIT_AMBIGUOUS,
+                format!(
+                    "`old_string` occurs {found} times in {}; pass `replace_all` or more context",
+                    args.path.display()
+                ),
+            ));
+        }
+        let edited = if args.replace_all {
+            text.replace(&args.old_string, &args.new_string)
+        } else {
+            text.replacen(&args.old_string, &args.new_string, 1)
+        };
+        self.write_text(WriteText {
+            path: args.path,
+            content: edited,
+            policy: None,
+        })?;
+        Ok(Edited {
+            replacements: found as u64,
+        })
+    }
+
+    fn sandbox_mode(&self, _unit: ()) -> Result<Option<SandboxMode>> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_reads_edits_and_lists_inside_and_refuses_outside() {
+        let fs = TempDirFs::new().unwrap();
+        let a = fs.path().join("d/a.txt");
+        let w = fs
+            .write_text(WriteText {
+                path: a.clone(),
+                content: "one\ntwo\nthree\n".into(),
+                policy: None,
+            })
+            .unwrap();
+        assert!(w.created && w.bytes == 14);
+        let page = fs
+            .read_lines(ReadLines {
+                path: a.clone(),
+                offset: 2,
+                limit: Some(1),
+                caps: crate::ReadCaps {
+                    max_lines: 10,
+                    max_bytes: 100,
+                    max_line_bytes: 100,
+                },
+                policy: None,
+            })
+            .unwrap();
+        assert_eq!(
+            (page.text.as_str(), page.count, page.total),
+            ("two\n", 1, None)
+        );
+        let edit = |old: &str, all| EditText {
+            path: a.clone(),
+            old_string: old.into(),
+            new_string: "2".into(),
+            replace_all: all,
+            policy: None,
+        };
+        assert_eq!(fs.edit_text(edit("two", false)).unwrap().replacements, 1);
+        assert_eq!(
+            fs.edit_text(edit("nope", false)).unwrap_err().code,
+            codes::FS_EDIT_NO_MATCH
+        );
+        assert_eq!(fs.read_text(a.clone()).unwrap(), "one\n2\nthree\n");
+        let listing = fs
+            .list_dir(ListDir {
+                path: fs.path().join("d"),
+                max_entries: 10,
+                policy: None,
+            })
+            .unwrap();
+        assert_eq!(listing.total, 1);
+        assert_eq!(listing.entries[0].name, "a.txt");
+        for outside in [PathBuf::from("/etc/passwd"), fs.path().join("../x")] {
+            assert_eq!(
+                fs.read_text(outside).unwrap_err().code,
+                codes::FS_SANDBOX_DENIED
+            );
+        }
+        assert_eq!(
+            fs.stat(fs.path().join("none")).unwrap_err().code,
+            codes::FS_NOT_FOUND
+        );
+    }
+}
