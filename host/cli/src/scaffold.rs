@@ -128,7 +128,7 @@ const KEYWORDS: &[&str] = &[
 ];
 
 /// Checks that `name` can be a plugin crate's name (and so its library's and its plugin's).
-pub fn validate_name(name: &str) -> Result<(), ScaffoldError> {
+pub(crate) fn validate_name(name: &str) -> Result<(), ScaffoldError> {
     let bad = |why: &str| {
         Err(ScaffoldError::BadName {
             name: name.to_string(),

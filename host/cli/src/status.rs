@@ -119,7 +119,7 @@ impl HostStatus {
     }
 
     /// How long it has been running.
-    pub fn uptime(&self) -> Duration {
+    pub(crate) fn uptime(&self) -> Duration {
         Duration::from_secs(now().saturating_sub(self.started))
     }
 }

@@ -86,12 +86,12 @@ impl Approval for ApprovalService {
 
 /// The widest line of agent-supplied text an approval shows; longer lines are wrapped
 /// (continued on the next line, marked), never cut.
-pub const WRAP_AT: usize = 100;
+pub(crate) const WRAP_AT: usize = 100;
 
 /// `text` with every control character (C0, DEL, C1), line or paragraph separator and
 /// bidirectional-formatting character escaped (`\n`, `\u{1b}`, …), so it stays on one
 /// line and cannot restyle or reorder the prompt around it.
-pub fn escape_line(text: &str) -> String {
+pub(crate) fn escape_line(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -19,7 +19,7 @@ pub struct SearchPath {
 }
 
 /// The environment variable that adds plugin directories (`:`-separated).
-pub const PLUGIN_PATH_ENV: &str = "CORDIS_PLUGIN_PATH";
+pub(crate) const PLUGIN_PATH_ENV: &str = "CORDIS_PLUGIN_PATH";
 
 impl SearchPath {
     /// `--plugin-path` flags, then `CORDIS_PLUGIN_PATH`, then the directory of the running
@@ -51,7 +51,7 @@ impl SearchPath {
     }
 
     /// Every plugin library in the search path (for "which plugin provides X?" help).
-    pub fn all_libraries(&self) -> Vec<PathBuf> {
+    pub(crate) fn all_libraries(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
         for (dir, _) in &self.dirs {
             let Ok(read) = std::fs::read_dir(dir) else {
@@ -311,7 +311,7 @@ fn check_complete(file: &std::fs::File) -> Result<(), String> {
 }
 
 /// Whether the dynamic loader still has `path` mapped (`RTLD_NOLOAD` probe).
-pub fn still_loaded(path: &Path) -> bool {
+pub(crate) fn still_loaded(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;
@@ -385,7 +385,10 @@ impl Library {
     /// (`copy_file_range`, a reflink where the filesystem can) from the descriptor whose
     /// metadata was taken, and the completeness check reads only the ELF headers of the
     /// file that is then loaded.
-    pub fn load_with(path: &Path, copies: Option<&Copies>) -> Result<Arc<Library>, LoadError> {
+    pub(crate) fn load_with(
+        path: &Path,
+        copies: Option<&Copies>,
+    ) -> Result<Arc<Library>, LoadError> {
         let mut source = std::fs::File::open(path).map_err(|e| LoadError::Open(e.to_string()))?;
         let identity = source
             .metadata()
@@ -422,7 +425,7 @@ impl Library {
     /// Whether the file at [`Library::path`] is still what this library was loaded from:
     /// the same metadata, or (when the metadata changed, e.g. the file was replaced) the
     /// same bytes as the private copy it runs from.
-    pub fn unchanged_on_disk(&self) -> bool {
+    pub(crate) fn unchanged_on_disk(&self) -> bool {
         let Ok(now) = std::fs::metadata(&self.path).map(|m| FileId::of(&m)) else {
             return false;
         };
@@ -515,7 +518,7 @@ impl Library {
     }
 
     /// The root module (to apply the plugin).
-    pub fn module(&self) -> PluginModRef {
+    pub(crate) fn module(&self) -> PluginModRef {
         self.module
     }
 }

@@ -72,7 +72,7 @@ impl Node {
     }
 
     /// A short name of the node's type, for messages.
-    pub fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self.value {
             Value::Null => "null",
             Value::Bool(_) => "a boolean",
@@ -86,11 +86,11 @@ impl Node {
 }
 
 /// The largest manifest accepted, in bytes.
-pub const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_MANIFEST_BYTES: usize = 1024 * 1024;
 /// The most values a manifest may hold once its aliases are expanded.
-pub const MAX_NODES: usize = 100_000;
+pub(crate) const MAX_NODES: usize = 100_000;
 /// The deepest nesting of lists and mappings accepted.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// Parses YAML text into a positioned tree (the first document; an empty file is `Null`).
 /// Limits: [`MAX_MANIFEST_BYTES`] of text, [`MAX_NODES`] values with aliases expanded (an
@@ -331,7 +331,7 @@ impl Manifest {
 const ENTRY_KEYS: &[&str] = &["name", "id", "config", "disabled", "group", "path"];
 
 /// Strips an npm-style scope: `@deepseek-ai/dsh-fs-sandbox` → `dsh-fs-sandbox`.
-pub fn plugin_name(raw: &str) -> &str {
+pub(crate) fn plugin_name(raw: &str) -> &str {
     match raw.strip_prefix('@') {
         Some(rest) => rest.split_once('/').map_or(raw, |(_, name)| name),
         None => raw,
@@ -564,7 +564,7 @@ fn config_json(node: &Node) -> Result<serde_json::Value, Vec<Diagnostic>> {
 }
 
 /// Expands `${VAR}`, `${VAR:-default}` and `$$` in one string value.
-pub fn interpolate(text: &str, pos: Pos) -> Result<String, Diagnostic> {
+pub(crate) fn interpolate(text: &str, pos: Pos) -> Result<String, Diagnostic> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find('$') {

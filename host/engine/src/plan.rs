@@ -69,7 +69,7 @@ pub fn plan(file: &Path, opts: &PlanOptions) -> Result<Plan, Diagnostics> {
 /// Like [`plan`], reusing each library of `loaded` whose file has not changed (same path,
 /// same metadata or same bytes) instead of loading it again. With libraries loaded (a
 /// reload), an empty manifest is refused rather than planned as an empty composition.
-pub fn plan_with(
+pub(crate) fn plan_with(
     file: &Path,
     opts: &PlanOptions,
     loaded: &[Arc<Library>],
@@ -337,7 +337,7 @@ fn closest_plugin(search: &SearchPath, plugin: &str) -> Option<(String, PathBuf)
 }
 
 /// The top-level property names of a config schema.
-pub fn schema_keys(schema: &serde_json::Value) -> Vec<String> {
+pub(crate) fn schema_keys(schema: &serde_json::Value) -> Vec<String> {
     schema
         .get("properties")
         .and_then(|p| p.as_object())

@@ -24,7 +24,7 @@ pub struct Protection {
 
 /// `path` made absolute and canonical as far as it exists (the deepest existing ancestor
 /// resolved, the rest appended), so a path that does not exist yet is protected too.
-pub fn canonical_lenient(path: &Path) -> PathBuf {
+pub(crate) fn canonical_lenient(path: &Path) -> PathBuf {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let mut rest = Vec::new();
     let mut existing = absolute.as_path();
@@ -65,7 +65,7 @@ impl Protection {
     /// Protects what `manifest` (read from `file`) can load: the file itself, every
     /// directory of the search path, and each `path:` entry's library and directory.
     /// Called before any of its libraries is loaded.
-    pub fn cover_manifest(&self, file: &Path, manifest: &Manifest, search: &SearchPath) {
+    pub(crate) fn cover_manifest(&self, file: &Path, manifest: &Manifest, search: &SearchPath) {
         let base = file.parent().unwrap_or(Path::new("."));
         let mut paths = vec![file.to_path_buf()];
         paths.extend(search.dirs.iter().map(|(d, _)| d.clone()));
@@ -92,7 +92,7 @@ impl Protection {
 }
 
 /// The `composition` host service.
-pub struct CompositionService(pub Arc<Protection>);
+pub(crate) struct CompositionService(pub Arc<Protection>);
 
 impl Composition for CompositionService {
     fn protected_paths(&self, _unit: ()) -> Result<Vec<PathBuf>> {

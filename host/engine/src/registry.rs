@@ -96,7 +96,7 @@ impl std::fmt::Display for UnknownTool {
 impl std::error::Error for UnknownTool {}
 
 /// An applied entry.
-pub struct Applied {
+pub(crate) struct Applied {
     /// The entry id.
     pub id: String,
     /// The planned entry it came from.
@@ -165,7 +165,7 @@ impl Registry {
     }
 
     /// Applies every entry of `plan` in order. On failure, disposes what was applied.
-    pub fn apply_plan(&mut self, plan: &Plan) -> Result<(), ApplyError> {
+    pub(crate) fn apply_plan(&mut self, plan: &Plan) -> Result<(), ApplyError> {
         for planned in &plan.entries {
             if let Err(e) = self.apply_entry(planned) {
                 self.dispose_all();
@@ -239,7 +239,7 @@ impl Registry {
     }
 
     /// Disposes every applied entry in reverse order of application.
-    pub fn dispose_all(&mut self) {
+    pub(crate) fn dispose_all(&mut self) {
         while let Some(applied) = self.applied.pop() {
             self.dispose_applied(applied);
         }
@@ -247,7 +247,7 @@ impl Registry {
 
     /// Disposes one applied entry (its consumers must be disposed already). Returns whether
     /// it was applied.
-    pub fn dispose_entry(&mut self, id: &str) -> bool {
+    pub(crate) fn dispose_entry(&mut self, id: &str) -> bool {
         match self.applied.iter().position(|a| a.id == id) {
             Some(i) => {
                 let applied = self.applied.remove(i);
@@ -276,7 +276,7 @@ impl Registry {
 
     /// Offers an applied entry a new config in place. `Ok(true)`: taken in place;
     /// `Ok(false)`: the plugin asks for a restart.
-    pub fn reconfigure(
+    pub(crate) fn reconfigure(
         &mut self,
         id: &str,
         config: &serde_json::Value,

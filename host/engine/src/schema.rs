@@ -14,7 +14,7 @@ use crate::loader::Meta;
 use crate::manifest::{closest, Entry, Node, Value as Yaml};
 
 /// The manifest schema's file name in `schemas/`.
-pub const MANIFEST_SCHEMA: &str = "cordis.schema.json";
+pub(crate) const MANIFEST_SCHEMA: &str = "cordis.schema.json";
 
 /// Every way `entry.config` violates `schema`, each placed at the offending value.
 pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
@@ -279,7 +279,7 @@ fn describe_expected(root: &Value, segments: &[String], value: &Value) -> Option
 }
 
 /// A plugin's published config schema (its exported schema with a title).
-pub fn plugin_schema(meta: &Meta) -> Value {
+pub(crate) fn plugin_schema(meta: &Meta) -> Value {
     let mut schema = match &meta.config_schema {
         Value::Object(o) => o.clone(),
         _ => Map::new(),
@@ -292,7 +292,7 @@ pub fn plugin_schema(meta: &Meta) -> Value {
 }
 
 /// The manifest schema: entries, groups, and per known plugin its config schema.
-pub fn manifest_schema(plugins: &[Meta]) -> Value {
+pub(crate) fn manifest_schema(plugins: &[Meta]) -> Value {
     let mut defs = Map::new();
     let mut per_plugin = Vec::new();
     for meta in plugins {

@@ -14,7 +14,7 @@ use cordis_sdk::{Error, Result, SessionInfo};
 use serde::{Deserialize, Serialize};
 
 /// The environment variable naming the state directory.
-pub const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
+pub(crate) const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
 
 /// `--state-dir`, else `CORDIS_STATE_DIR`, else `$XDG_STATE_HOME/cordis`, else
 /// `~/.local/state/cordis`. Never guessed: with none of them set there is no state
@@ -139,13 +139,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SessionError + '_ {
 }
 
 /// The longest session id accepted.
-pub const MAX_ID_LEN: usize = 64;
+pub(crate) const MAX_ID_LEN: usize = 64;
 
 /// Refuses anything but a plain id (`[A-Za-z0-9-]`, 1 to [`MAX_ID_LEN`] characters): an
 /// id becomes a file name in the sessions directory, so `/`, `..`, NUL or an absolute path
 /// must never reach the file system. The error shows at most 80 characters of the id,
 /// escaped.
-pub fn check_id(id: &str) -> Result<(), SessionError> {
+pub(crate) fn check_id(id: &str) -> Result<(), SessionError> {
     let valid = !id.is_empty()
         && id.len() <= MAX_ID_LEN
         && id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-');
