@@ -357,7 +357,7 @@ impl PluginUnderTest {
             .filter_map(|inj| match services.iter().find(|(s, _)| s.name == inj.name) {
                 None if inj.optional => None,
                 None => Some(format!(
-                    "it requires service `{}` ({} v{}); supply one with `.stand_in(\"{}\", ...)`: the seam crate's stand-in (its `testing` feature) or `Client::serve(...)` of your own",
+                    "it requires service `{}` ({} v{}); supply one with `.stand_in(\"{}\", Client::serve(...))` using the seam crate's client, or the stand-in its interface crate ships behind the feature `testing`",
                     inj.name, inj.interface, inj.version, inj.name
                 )),
                 Some((s, _)) => InterfaceMismatch::check(
