@@ -307,6 +307,18 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
             "another library logs at the default level: {line}\n{log}"
         );
     }
+    // Nothing to rebuild anywhere: `--dev` says what it needs and does not start.
+    scratch.write(
+        "copies.yml",
+        &format!("- name: cordis-example\n  path: libs/{example}\n"),
+    );
+    scratch
+        .run(&["run", "--dev", "-c", "copies.yml"])
+        .expect_code(1)
+        .expect_output(&[
+            "`--dev` cannot start",
+            "no cargo project builds a library of",
+        ]);
     // The one warning is `--dev`'s own: what it runs unconfined.
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains(" WARN ")).collect();
     assert!(

@@ -346,24 +346,28 @@ impl Projects {
                 .filter_map(|(_, library)| crate_dir_of(library)),
         );
         let mut projects: Vec<Project> = Vec::new();
+        let mut failures = Vec::new();
         let mut asked = BTreeSet::new();
         for dir in dirs {
             if !asked.insert(dir.clone()) {
                 continue;
             }
             // Outside every cargo project is fine for the manifest (a composition beside
-            // its plugins' folders); a library's project that cargo cannot read is skipped.
-            let Ok(project) = Project::discover(&dir) else {
-                continue;
-            };
-            if !projects.iter().any(|p| p.manifest == project.manifest) {
-                projects.push(project);
+            // its plugins' folders); a library's project that cargo cannot read is skipped
+            // (and named if no project is left).
+            match Project::discover(&dir) {
+                Ok(project) if !projects.iter().any(|p| p.manifest == project.manifest) => {
+                    projects.push(project)
+                }
+                Ok(_) => {}
+                Err(e) => failures.push(format!("{e:#}")),
             }
         }
         if projects.is_empty() {
             anyhow::bail!(
-                "no cargo project builds a library of {} and it is not inside one: `--dev` rebuilds plugins from their sources; build them once with cargo (it writes the dep-info file `lib<name>.d` beside each library that leads back to its sources), or run without `--dev`",
-                manifest.display()
+                "no cargo project builds a library of {} and it is not inside one: `--dev` rebuilds plugins from their sources; build them once with cargo (it writes the dep-info file `lib<name>.d` beside each library that leads back to its sources), or run without `--dev`\n{}",
+                manifest.display(),
+                failures.join("\n")
             );
         }
         Ok(Projects(projects))
