@@ -162,21 +162,23 @@ fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// Shows the host's log when a test fails.
+struct ShowLog(PathBuf);
+
+impl Drop for ShowLog {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+            eprintln!("--- cordis run --dev log ---\n{log}");
+        }
+    }
+}
+
 #[test]
 fn cordis_run_dev_rebuilds_an_edited_plugin_and_survives_a_broken_edit() {
     let plugin = Scaffold::new("dev-cordis");
     let log_path = plugin.scratch.path().join("run.log");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    /// Shows the host's log when the test fails.
-    struct ShowLog(PathBuf);
-    impl Drop for ShowLog {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                let log = std::fs::read_to_string(&self.0).unwrap_or_default();
-                eprintln!("--- cordis run --dev log ---\n{log}");
-            }
-        }
-    }
     let _show = ShowLog(log_path.clone());
     with_build_lock(|| {
         // Never built (as right after `cordis new`): `--dev` builds it before loading.
@@ -259,6 +261,7 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
     ));
     let log_path = scratch.path().join("run.log");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _show = ShowLog(log_path.clone());
     with_build_lock(|| {
         run(cargo(&plugin.dir, &["build"]), true);
         let mut cmd = scratch.cordis(&["run", "--dev"]);
@@ -325,6 +328,9 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
         warnings.len() == 1 && warnings[0].contains("run UNCONFINED in this host"),
         "{log}"
     );
+    // Only the plugin's project is trusted, not that of a path dependency (the SDK's).
+    let sdk = workspace_root().join("plugins/sdk").canonicalize().unwrap();
+    assert!(!warnings[0].contains(&sdk.display().to_string()), "{log}");
 }
 
 /// A plugin written outside this repository, from `cordis new`: it injects `fs` and

@@ -5,9 +5,11 @@
 //! A failed build leaves the running composition serving, like any bad change.
 //!
 //! The projects are found wherever the manifest lives: the one behind each library (cargo
-//! writes a dep-info file `lib<name>.d` beside it whose first source is the crate's root;
-//! the cargo project around that file is asked with `cargo metadata`), and the one the
-//! manifest lives in, if any (which covers a plugin not built yet). Which package builds
+//! writes a dep-info file `lib<name>.d` beside it listing the sources it was built from;
+//! of the cargo projects around those, asked with `cargo metadata`, the one with a member
+//! whose `cdylib` is that library; a path dependency's project, such as the SDK's, is
+//! neither rebuilt nor trusted), and the one the manifest lives in, if any (which covers a
+//! plugin not built yet). Which package builds
 //! which library comes from `cargo metadata`: a loaded library
 //! `<target dir>/<profile dir>/lib<name>.so` is built by the workspace member with a
 //! `cdylib` target `<name>`, in the profile that writes into `<profile dir>`. Entries whose
@@ -267,33 +269,68 @@ impl Project {
     }
 }
 
-/// The cargo project whose member's crate root is the first source in the dep-info file
-/// cargo writes beside `library` (`lib<name>.d`): the directory to ask `cargo metadata` in.
-fn crate_dir_of(library: &Path) -> Option<PathBuf> {
+/// The source files listed in the dep-info file cargo writes beside `library`
+/// (`lib<name>.d`: `<output>: <source> <source>...`, spaces in paths escaped with `\\`);
+/// none when there is no such file.
+fn sources_of(library: &Path) -> Vec<PathBuf> {
     use std::io::Read;
-    let dep_info = library.with_extension("d");
     let mut text = String::new();
-    std::fs::File::open(dep_info)
-        .ok()?
-        .take(1 << 20)
-        .read_to_string(&mut text)
-        .ok()?;
-    // `<output>: <root source> <more sources>...`, spaces in paths escaped with `\`.
-    let (_, deps) = text.lines().next()?.split_once(": ")?;
-    let mut root = String::new();
-    let mut chars = deps.trim_start().chars();
+    let read = std::fs::File::open(library.with_extension("d"))
+        .and_then(|f| f.take(1 << 20).read_to_string(&mut text));
+    let Some((_, deps)) = read
+        .ok()
+        .and_then(|_| text.lines().next())
+        .and_then(|line| line.split_once(": "))
+    else {
+        return Vec::new();
+    };
+    let mut sources = Vec::new();
+    let mut current = String::new();
+    let mut chars = deps.chars();
     while let Some(c) = chars.next() {
         match c {
-            '\\' => root.extend(chars.next()),
-            ' ' => break,
-            c => root.push(c),
+            '\\' => current.extend(chars.next()),
+            ' ' => sources
+                .extend((!current.is_empty()).then(|| PathBuf::from(std::mem::take(&mut current)))),
+            c => current.push(c),
         }
     }
-    Path::new(&root)
-        .ancestors()
-        .skip(1)
-        .find(|dir| dir.join("Cargo.toml").is_file())
-        .map(Path::to_path_buf)
+    sources.extend((!current.is_empty()).then(|| PathBuf::from(current)));
+    sources
+}
+
+/// The cargo project that builds `library`: of the projects around the sources its
+/// dep-info file lists (the plugin's own crate, and path dependencies such as the SDK,
+/// in no particular order), the one with a member whose `cdylib` is `library`. The
+/// projects of its dependencies are not rebuilt, watched or trusted.
+fn project_of(library: &Path) -> Option<Project> {
+    let file = library.file_name()?;
+    let mut asked: BTreeSet<PathBuf> = BTreeSet::new();
+    for source in sources_of(library) {
+        let Some(dir) = source
+            .ancestors()
+            .skip(1)
+            .find(|dir| dir.join("Cargo.toml").is_file())
+        else {
+            continue;
+        };
+        if !asked.insert(dir.to_path_buf()) {
+            continue;
+        }
+        let Ok(project) = Project::discover(dir) else {
+            continue;
+        };
+        if project
+            .plugins
+            .iter()
+            .any(|m| std::ffi::OsStr::new(&m.library) == file)
+        {
+            return Some(project);
+        }
+        // Another crate's project: none of its members builds this library.
+        asked.extend(project.member_dirs);
+    }
+    None
 }
 
 /// The enabled entries of `manifest` and their libraries: a `path:` relative to the
@@ -339,35 +376,30 @@ impl Projects {
             .ok()
             .and_then(|m| m.parent().map(Path::to_path_buf))
             .unwrap_or_else(|| PathBuf::from("."));
-        let mut dirs = vec![manifest_dir.clone()];
-        dirs.extend(
-            manifest_entries(manifest, search, None)
-                .iter()
-                .filter_map(|(_, library)| crate_dir_of(library)),
-        );
         let mut projects: Vec<Project> = Vec::new();
-        let mut failures = Vec::new();
-        let mut asked = BTreeSet::new();
-        for dir in dirs {
-            if !asked.insert(dir.clone()) {
+        // Outside every cargo project is fine for the manifest (a composition beside its
+        // plugins' folders); what cargo said is shown if no project is found at all.
+        let around_manifest = Project::discover(&manifest_dir);
+        let failure = around_manifest.as_ref().err().map(|e| format!("{e:#}"));
+        projects.extend(around_manifest.ok());
+        for (_, library) in manifest_entries(manifest, search, None) {
+            let built = projects
+                .iter()
+                .any(|p| !p.builds(&[(String::new(), library.clone())]).0.is_empty());
+            if built {
                 continue;
             }
-            // Outside every cargo project is fine for the manifest (a composition beside
-            // its plugins' folders); a library's project that cargo cannot read is skipped
-            // (and named if no project is left).
-            match Project::discover(&dir) {
-                Ok(project) if !projects.iter().any(|p| p.manifest == project.manifest) => {
-                    projects.push(project)
+            if let Some(project) = project_of(&library) {
+                if !projects.iter().any(|p| p.manifest == project.manifest) {
+                    projects.push(project);
                 }
-                Ok(_) => {}
-                Err(e) => failures.push(format!("{e:#}")),
             }
         }
         if projects.is_empty() {
             anyhow::bail!(
                 "no cargo project builds a library of {} and it is not inside one: `--dev` rebuilds plugins from their sources; build them once with cargo (it writes the dep-info file `lib<name>.d` beside each library that leads back to its sources), or run without `--dev`\n{}",
                 manifest.display(),
-                failures.join("\n")
+                failure.unwrap_or_default()
             );
         }
         Ok(Projects(projects))
@@ -535,6 +567,27 @@ mod tests {
         .collect();
         assert_eq!(builds, expected);
         assert_eq!(others, ["c", "d"]);
+    }
+
+    /// Every source of the dep-info file, spaces unescaped, in cargo's order (sorted, so
+    /// the plugin's own crate root need not come first).
+    #[test]
+    fn dep_info_sources_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let library = dir.path().join(library_file_name("my_plugin"));
+        std::fs::write(
+            library.with_extension("d"),
+            "/t/debug/libmy_plugin.rlib: /a/sdk/src/lib.rs /z/my\\ plugin/src/lib.rs\n\n/a/sdk/src/lib.rs:\n",
+        )
+        .unwrap();
+        assert_eq!(
+            sources_of(&library),
+            [
+                PathBuf::from("/a/sdk/src/lib.rs"),
+                PathBuf::from("/z/my plugin/src/lib.rs")
+            ]
+        );
+        assert!(sources_of(&dir.path().join("libnone.so")).is_empty());
     }
 
     #[test]
