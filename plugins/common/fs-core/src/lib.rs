@@ -151,47 +151,12 @@ fn process_entry(real: &Path) -> Option<PathBuf> {
     per_process.then(|| Path::new("/proc").join(first))
 }
 
-/// Maps an I/O error from operation `op` on `path` to an `fs` error code.
-pub fn io_error(e: io::Error, op: &str, path: &Path) -> Error {
-    const EROFS: i32 = 30;
-    let (code, help) = match e.kind() {
-        io::ErrorKind::NotFound => (
-            codes::FS_NOT_FOUND,
-            "check the path; list the parent directory to see what exists",
-        ),
-        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => (
-            codes::FS_PERMISSION_DENIED,
-            "the operating system refused; check the file's permissions and the mount",
-        ),
-        io::ErrorKind::IsADirectory | io::ErrorKind::NotADirectory => (
-            codes::FS_WRONG_KIND,
-            "a directory is in the way of a file, or a file where a directory was expected",
-        ),
-        _ if e.raw_os_error() == Some(EROFS) => (
-            codes::FS_PERMISSION_DENIED,
-            "the file system is mounted read-only",
-        ),
-        _ => (codes::FS_IO, "check the path and the file system"),
-    };
-    Error::new(code, format!("cannot {op} `{}`: {e}", path.display())).with_help(help)
-}
+pub use dsh_fs_api::io_error;
 
 /// Canonicalizes an absolute path (the deepest existing ancestor is resolved).
 pub fn resolve(path: &Path) -> Result<PathBuf> {
     check_path(path)?;
     dsh_sandbox::canonical_path(path).map_err(|e| io_error(e, "resolve", path))
-}
-
-fn kind_of(t: std::fs::FileType) -> Kind {
-    if t.is_symlink() {
-        Kind::Symlink
-    } else if t.is_dir() {
-        Kind::Dir
-    } else if t.is_file() {
-        Kind::File
-    } else {
-        Kind::Other
-    }
 }
 
 /// Metadata of `path`, following symlinks.
@@ -204,7 +169,7 @@ pub fn stat(path: &Path) -> Result<Stat> {
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| d.as_millis() as u64);
     Ok(Stat {
-        kind: kind_of(m.file_type()),
+        kind: Kind::of(m.file_type()),
         size: m.len(),
         modified_ms,
     })
@@ -624,7 +589,7 @@ pub fn list_dir(args: &ListDir, deny: &ReadDeny) -> Result<Listing> {
         }
         let kind = entry
             .file_type()
-            .map(kind_of)
+            .map(Kind::of)
             .map_err(|e| io_error(e, "list", &entry.path()))?;
         first.push((name, kind));
         if first.len() > keep {

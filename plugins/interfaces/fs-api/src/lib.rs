@@ -106,6 +106,48 @@ pub enum Kind {
     Other,
 }
 
+impl Kind {
+    /// The kind of a file type as the OS reports it.
+    pub fn of(t: std::fs::FileType) -> Kind {
+        if t.is_symlink() {
+            Kind::Symlink
+        } else if t.is_dir() {
+            Kind::Dir
+        } else if t.is_file() {
+            Kind::File
+        } else {
+            Kind::Other
+        }
+    }
+}
+
+/// Maps an I/O error from operation `op` on `path` to this interface's error codes, with
+/// a help text; what every backend (and the stand-in) reports for an OS refusal.
+pub fn io_error(e: std::io::Error, op: &str, path: &std::path::Path) -> cordis_sdk::Error {
+    use std::io::ErrorKind;
+    const EROFS: i32 = 30;
+    let (code, help) = match e.kind() {
+        ErrorKind::NotFound => (
+            codes::FS_NOT_FOUND,
+            "check the path; list the parent directory to see what exists",
+        ),
+        ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem => (
+            codes::FS_PERMISSION_DENIED,
+            "the operating system refused; check the file's permissions and the mount",
+        ),
+        ErrorKind::IsADirectory | ErrorKind::NotADirectory => (
+            codes::FS_WRONG_KIND,
+            "a directory is in the way of a file, or a file where a directory was expected",
+        ),
+        _ if e.raw_os_error() == Some(EROFS) => (
+            codes::FS_PERMISSION_DENIED,
+            "the file system is mounted read-only",
+        ),
+        _ => (codes::FS_IO, "check the path and the file system"),
+    };
+    cordis_sdk::Error::new(code, format!("cannot {op} `{}`: {e}", path.display())).with_help(help)
+}
+
 /// `stat` result (follows symlinks).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stat {

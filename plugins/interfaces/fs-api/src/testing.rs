@@ -20,8 +20,8 @@ use cordis_sdk::{Error, Result};
 use dsh_sandbox::SandboxMode;
 
 use crate::{
-    codes, DirEntry, EditText, Edited, FileSystem, FsClient, Kind, Lines, ListDir, Listing,
-    ReadLines, Stat, WriteText, Written,
+    codes, io_error, DirEntry, EditText, Edited, FileSystem, FsClient, Kind, Lines, ListDir,
+    Listing, ReadLines, Stat, WriteText, Written,
 };
 
 /// An `fs` over a temporary directory (removed when the last clone is dropped): plain
@@ -76,42 +76,23 @@ impl TempDirFs {
     }
 }
 
-fn io_error(path: &Path, e: std::io::Error) -> Error {
-    let code = match e.kind() {
-        std::io::ErrorKind::NotFound => codes::FS_NOT_FOUND,
-        std::io::ErrorKind::PermissionDenied => codes::FS_PERMISSION_DENIED,
-        std::io::ErrorKind::IsADirectory | std::io::ErrorKind::NotADirectory => {
-            codes::FS_WRONG_KIND
-        }
-        std::io::ErrorKind::InvalidData => codes::FS_NOT_TEXT,
-        _ => codes::FS_IO,
-    };
-    Error::new(code, format!("{}: {e}", path.display()))
-}
-
-fn kind_of(t: std::fs::FileType) -> Kind {
-    if t.is_symlink() {
-        Kind::Symlink
-    } else if t.is_dir() {
-        Kind::Dir
-    } else if t.is_file() {
-        Kind::File
-    } else {
-        Kind::Other
-    }
-}
-
 impl TempDirFs {
     fn read(&self, path: &Path) -> Result<String> {
         let path = self.inside(path)?;
-        let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+        let meta = std::fs::metadata(&path).map_err(|e| io_error(e, "read", &path))?;
         if !meta.is_file() {
             return Err(Error::new(
                 codes::FS_WRONG_KIND,
                 format!("{} is not a regular file", path.display()),
             ));
         }
-        std::fs::read_to_string(&path).map_err(|e| io_error(&path, e))
+        let bytes = std::fs::read(&path).map_err(|e| io_error(e, "read", &path))?;
+        String::from_utf8(bytes).map_err(|_| {
+            Error::new(
+                codes::FS_NOT_TEXT,
+                format!("{} is not UTF-8 text", path.display()),
+            )
+        })
     }
 }
 
@@ -123,9 +104,9 @@ impl FileSystem for TempDirFs {
 
     fn stat(&self, path: PathBuf) -> Result<Stat> {
         let path = self.inside(&path)?;
-        let meta = std::fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+        let meta = std::fs::metadata(&path).map_err(|e| io_error(e, "stat", &path))?;
         Ok(Stat {
-            kind: kind_of(meta.file_type()),
+            kind: Kind::of(meta.file_type()),
             size: meta.len(),
             modified_ms: meta
                 .modified()
@@ -167,12 +148,12 @@ impl FileSystem for TempDirFs {
     fn list_dir(&self, args: ListDir) -> Result<Listing> {
         let path = self.inside(&args.path)?;
         let mut entries = std::fs::read_dir(&path)
-            .map_err(|e| io_error(&path, e))?
+            .map_err(|e| io_error(e, "list", &path))?
             .map(|entry| {
-                let entry = entry.map_err(|e| io_error(&path, e))?;
+                let entry = entry.map_err(|e| io_error(e, "list", &path))?;
                 Ok(DirEntry {
                     name: entry.file_name().to_string_lossy().into_owned(),
-                    kind: entry.file_type().map_or(Kind::Other, kind_of),
+                    kind: entry.file_type().map_or(Kind::Other, Kind::of),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -185,13 +166,13 @@ impl FileSystem for TempDirFs {
     fn write_text(&self, args: WriteText) -> Result<Written> {
         let path = self.inside(&args.path)?;
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io_error(parent, e))?;
+            std::fs::create_dir_all(parent).map_err(|e| io_error(e, "create", parent))?;
         }
         let created = !path.exists();
         let staging = path.with_extension("cordis-stand-in.tmp");
         std::fs::write(&staging, &args.content)
             .and_then(|()| std::fs::rename(&staging, &path))
-            .map_err(|e| io_error(&path, e))?;
+            .map_err(|e| io_error(e, "write", &path))?;
         Ok(Written {
             bytes: args.content.len() as u64,
             created,
