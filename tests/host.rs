@@ -140,6 +140,8 @@ fn library_problems() {
             "error[library-not-found]",
             "no library for plugin `no-such-plugin`",
             "looked for",
+            "cordis/plugins/libno_such_plugin.so (the user plugin directory)",
+            "lib/cordis/plugins/libno_such_plugin.so (the installation's plugin directory)",
             "libno_such_plugin.so (next to the cordis binary)",
         ],
     );
@@ -267,6 +269,15 @@ fn apply_failure_disposes_what_was_applied_and_exits_non_zero() {
             &[
                 "fixture refuses to start: No such file or directory (os error 2) [FIXTURE_FAILED]",
                 "set `fail:` to nothing",
+            ][..],
+        ),
+        (
+            // What `cordis plugin list` shows is what a plugin registers: the SDK holds it
+            // to its declaration.
+            "undeclared-tool",
+            &[
+                "plugin `fixture-faulty` registers tool `sneak` without declaring it in its metadata",
+                "add `.tool(\"sneak\")` to `metadata()`",
             ][..],
         ),
     ] {

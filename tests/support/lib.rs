@@ -115,7 +115,18 @@ pub fn workspace_profiles() -> String {
 /// The fixture plugin `fixture-reload` built by a real `cargo build` with
 /// `CORDIS_FIXTURE_GENERATION=generation` baked in (cached per generation).
 pub fn fixture_reload_build(generation: u32) -> PathBuf {
-    let cache = target_dir().join("fixture-builds");
+    // Keyed by this test binary's build: a change to the SDK or the fixture relinks it, so
+    // a build cached before the change is never loaded after it.
+    let exe = std::env::current_exe().expect("current_exe");
+    let built = std::fs::metadata(&exe)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("test");
+    let cache = target_dir()
+        .join("fixture-builds")
+        .join(format!("{stem}-{built}"));
     let file = cordis_engine::loader::library_file_name("fixture-reload");
     let cached = cache.join(format!("g{generation}-{file}"));
     with_build_lock(|| {
@@ -205,6 +216,14 @@ impl Scratch {
             .expect("canonical state dir")
     }
 
+    /// The `XDG_DATA_HOME` of the commands run here (beside the state, never inside the
+    /// workspace): its `cordis/plugins` is the user plugin directory, empty unless a test
+    /// installs a plugin, so plugins installed on the machine never shadow the
+    /// workspace's.
+    pub fn data_dir(&self) -> PathBuf {
+        self.state_dir().join("data")
+    }
+
     /// The directory (canonical).
     pub fn path(&self) -> PathBuf {
         self.dir.path().canonicalize().expect("canonical scratch")
@@ -237,6 +256,7 @@ impl Scratch {
         let mut cmd = Command::new(cordis_bin());
         cmd.current_dir(self.path())
             .env("CORDIS_STATE_DIR", self.state_dir())
+            .env("XDG_DATA_HOME", self.data_dir())
             .env_remove("CORDIS_PLUGIN_PATH")
             .env("RUST_LOG", "warn")
             .args(args)

@@ -7,6 +7,10 @@
 //!   result summed up in `target/mutants/summary.txt` (see `docs/mutants.md`).
 //! - `fuzz [SECONDS]`: run every cargo-fuzz target in `fuzz/` for SECONDS each (default
 //!   30), starting from its seeds; fails when a target crashes.
+//! - `dist [--profile release|dev] [--no-build] [--out-dir DIR]`: the release archive
+//!   `target/dist/cordis-<version>-<target>.tar.gz` (see [`dist`]).
+
+mod dist;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -19,8 +23,9 @@ fn main() -> ExitCode {
         Some("schema") => schema(args.get(1).map(String::as_str) == Some("--check")),
         Some("mutants") => mutants(&args[1..]),
         Some("fuzz") => fuzz(args.get(1).map(String::as_str)),
+        Some("dist") => dist::dist(&args[1..]),
         _ => Err(
-            "usage: cargo xtask run [cordis run flags] | cargo xtask test | cargo xtask schema [--check] | cargo xtask fuzz [SECONDS] | cargo xtask mutants [GROUP...]"
+            "usage: cargo xtask run [cordis run flags] | cargo xtask test | cargo xtask schema [--check] | cargo xtask dist [--profile release|dev] [--no-build] [--out-dir DIR] | cargo xtask fuzz [SECONDS] | cargo xtask mutants [GROUP...]"
                 .to_string(),
         ),
     };
@@ -33,20 +38,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives in the workspace")
         .to_path_buf()
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(root());
     cmd
 }
 
-fn status(mut cmd: Command, what: &str) -> Result<(), String> {
+pub(crate) fn status(mut cmd: Command, what: &str) -> Result<(), String> {
     eprintln!("xtask: {what}");
     let status = cmd
         .status()
@@ -172,8 +177,13 @@ fn test() -> Result<(), String> {
 /// The workspace's plugins (not test fixtures): the cdylib crates in `plugins/bundled/` and
 /// `plugins/examples/`.
 fn workspace_plugins() -> Result<Vec<String>, String> {
+    workspace_plugins_in(&["plugins/bundled", "plugins/examples"])
+}
+
+/// The cdylib crates in the folders `groups`, sorted by name.
+pub(crate) fn workspace_plugins_in(groups: &[&str]) -> Result<Vec<String>, String> {
     let mut names = Vec::new();
-    for group in ["plugins/bundled", "plugins/examples"] {
+    for group in groups {
         let dir = root().join(group);
         let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for entry in entries.flatten() {

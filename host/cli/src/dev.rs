@@ -33,26 +33,82 @@ use crate::watch::{change_watcher, next_batch, reload_and_log, survive, Quiet};
 use cordis_engine::loader::{library_file_name, SearchPath};
 use cordis_engine::runtime::Runtime;
 
+/// What `cargo metadata --no-deps` says about a project (the fields used here).
 #[derive(Deserialize)]
-struct Metadata {
-    packages: Vec<Package>,
-    workspace_members: Vec<String>,
-    workspace_root: PathBuf,
-    target_directory: PathBuf,
+pub(crate) struct Metadata {
+    pub(crate) packages: Vec<Package>,
+    pub(crate) workspace_members: Vec<String>,
+    pub(crate) workspace_root: PathBuf,
+    pub(crate) target_directory: PathBuf,
 }
 
 #[derive(Deserialize)]
-struct Package {
-    id: String,
-    name: String,
-    manifest_path: PathBuf,
-    targets: Vec<Target>,
+pub(crate) struct Package {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) manifest_path: PathBuf,
+    pub(crate) targets: Vec<Target>,
 }
 
 #[derive(Deserialize)]
-struct Target {
-    name: String,
-    kind: Vec<String>,
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) kind: Vec<String>,
+}
+
+impl Target {
+    /// Whether cargo builds this target as a plugin library.
+    pub(crate) fn is_cdylib(&self) -> bool {
+        self.kind.iter().any(|k| k == "cdylib")
+    }
+}
+
+/// Asks `cargo metadata` about the project containing `dir`.
+pub(crate) fn cargo_metadata(dir: &Path) -> anyhow::Result<Metadata> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run `cargo metadata` (is cargo on PATH?)")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "`cargo metadata` in {} failed:\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("cannot read `cargo metadata` output")
+}
+
+/// Runs `cmd` (a cargo build) with `--message-format=json-render-diagnostics` added, its
+/// progress and rendered errors going to our stderr, and hands every JSON message to
+/// `each`; true when cargo reported a finished, successful build.
+pub(crate) fn cargo_build_messages(
+    mut cmd: Command,
+    mut each: impl FnMut(&serde_json::Value),
+) -> std::io::Result<bool> {
+    let mut child = cmd
+        .arg("--message-format=json-render-diagnostics")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut finished = None;
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if msg["reason"] == "build-finished" {
+                finished = msg["success"].as_bool();
+            }
+            each(&msg);
+        }
+    }
+    let status = child.wait()?;
+    Ok(finished == Some(true) && status.success())
 }
 
 /// A workspace member that builds a plugin library.
@@ -87,7 +143,7 @@ impl Project {
 }
 
 /// The cargo to run: the one that ran us (`cargo run`) when set, else `cargo` on `PATH`.
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
@@ -97,21 +153,7 @@ type Builds = BTreeMap<String, BTreeSet<String>>;
 impl Project {
     /// Asks `cargo metadata` about the project containing `dir`.
     fn discover(dir: &Path) -> anyhow::Result<Project> {
-        let out = cargo()
-            .args(["metadata", "--no-deps", "--format-version", "1"])
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .context("cannot run `cargo metadata` (is cargo on PATH?)")?;
-        if !out.status.success() {
-            anyhow::bail!(
-                "`cargo metadata` in {} failed:\n{}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stderr).trim_end()
-            );
-        }
-        let meta: Metadata =
-            serde_json::from_slice(&out.stdout).context("cannot read `cargo metadata` output")?;
+        let meta = cargo_metadata(dir)?;
         let members: BTreeSet<&str> = meta.workspace_members.iter().map(String::as_str).collect();
         let members: Vec<&Package> = meta
             .packages
@@ -131,13 +173,10 @@ impl Project {
             plugins: members
                 .iter()
                 .flat_map(|p| {
-                    p.targets
-                        .iter()
-                        .filter(|t| t.kind.iter().any(|k| k == "cdylib"))
-                        .map(|t| Member {
-                            package: p.name.clone(),
-                            library: library_file_name(&t.name),
-                        })
+                    p.targets.iter().filter(|t| t.is_cdylib()).map(|t| Member {
+                        package: p.name.clone(),
+                        library: library_file_name(&t.name),
+                    })
                 })
                 .collect(),
         })
@@ -210,48 +249,28 @@ impl Project {
         tracing::info!("dev: cargo build --profile {profile} of {list}");
         let mut cmd = cargo();
         cmd.arg("build")
-            .arg("--message-format=json-render-diagnostics")
             .arg("--manifest-path")
             .arg(&self.manifest)
             .args(["--profile", profile])
-            .args(packages.iter().flat_map(|p| ["-p", p.as_str()]))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            // Progress and rendered compiler errors go to our log stream.
-            .stderr(Stdio::inherit());
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
+            .args(packages.iter().flat_map(|p| ["-p", p.as_str()]));
+        let mut rebuilt = Vec::new();
+        let built = cargo_build_messages(cmd, |msg| {
+            let is_plugin = msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "cdylib"));
+            if msg["reason"] == "compiler-artifact" && msg["fresh"] == false && is_plugin {
+                if let Some(name) = msg["target"]["name"].as_str() {
+                    rebuilt.push(name.to_string());
+                }
+            }
+        });
+        let ok = match built {
+            Ok(ok) => ok,
             Err(e) => {
                 tracing::error!("dev: cannot run cargo: {e}");
                 return false;
             }
         };
-        let mut finished = None;
-        let mut rebuilt = Vec::new();
-        if let Some(stdout) = child.stdout.take() {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
-                    continue;
-                };
-                match msg["reason"].as_str() {
-                    Some("compiler-artifact") if msg["fresh"] == false => {
-                        let is_plugin = msg["target"]["kind"]
-                            .as_array()
-                            .is_some_and(|k| k.iter().any(|k| k == "cdylib"));
-                        if is_plugin {
-                            if let Some(name) = msg["target"]["name"].as_str() {
-                                rebuilt.push(name.to_string());
-                            }
-                        }
-                    }
-                    Some("build-finished") => finished = msg["success"].as_bool(),
-                    _ => {}
-                }
-            }
-        }
-        let status = child.wait();
-        let ok = finished == Some(true) && status.as_ref().is_ok_and(|s| s.success());
         let took = started.elapsed().as_secs_f64();
         if ok {
             let rebuilt = if rebuilt.is_empty() {

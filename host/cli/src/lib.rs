@@ -1,10 +1,12 @@
 //! The front-ends of the `cordis` binary over [`cordis_engine`]: the MCP server ([`mcp`]),
 //! the watcher that hot-reloads ([`watch`]), the `--dev` build loop ([`dev`]), a running
-//! host's status file ([`status`]) and `cordis new` ([`scaffold`]). A library only so the
-//! end-to-end tests, the benchmarks and the fuzz targets drive the same code; not an API.
+//! host's status file ([`status`]), `cordis new` ([`scaffold`]) and `cordis plugin`
+//! ([`plugins`]). A library only so the end-to-end tests, the benchmarks and the fuzz
+//! targets drive the same code; not an API.
 
 pub mod dev;
 pub mod mcp;
+pub mod plugins;
 pub mod scaffold;
 pub mod status;
 pub mod watch;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use cordis_cli::mcp::{serve_stdio_with, McpOptions, ToolListNotifier};
 use cordis_cli::status::{self, HostStatus};
 use cordis_cli::watch::Quiet;
@@ -26,7 +26,7 @@ use tracing_subscriber::EnvFilter;
 
 /// A plugin host for AI coding-agent tools.
 #[derive(Parser)]
-#[command(name = "cordis", version, about)]
+#[command(name = "cordis", version)]
 struct Cli {
     /// The manifest.
     #[arg(
@@ -90,6 +90,48 @@ enum Command {
         /// was built from].
         #[arg(long)]
         sdk_path: Option<PathBuf>,
+    },
+    /// Install, list and remove plugin libraries.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Print a shell completion script, e.g. `cordis completions bash >
+    /// ~/.local/share/bash-completion/completions/cordis`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `cordis man | man -l -`.
+    #[command(hide = true)]
+    Man,
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Check a plugin library (or build a plugin crate in release and check its library),
+    /// copy it into the user plugin directory and print the cordis.yml entry to add.
+    Install {
+        /// A built library (`lib<name>.so`) or a plugin crate's directory.
+        source: PathBuf,
+        /// Install here instead [default: $XDG_DATA_HOME/cordis/plugins, else
+        /// ~/.local/share/cordis/plugins].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// List every plugin library on the search path, in search order, with its version,
+    /// SDK version, services, tools and file; a file hidden by an earlier one of the same
+    /// name is marked shadowed.
+    List {
+        /// `human` (a table) or `json`.
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Remove a plugin from the user plugin directory.
+    Remove {
+        /// The plugin's name (as in cordis.yml; a scope is ignored).
+        name: String,
+        /// Remove from here instead of the user plugin directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -229,7 +271,12 @@ fn main() -> ExitCode {
         .init();
     let keeps_state = !matches!(
         cli.command,
-        Command::Check { .. } | Command::Schema(_) | Command::New { .. }
+        Command::Check { .. }
+            | Command::Schema(_)
+            | Command::New { .. }
+            | Command::Plugin(_)
+            | Command::Completions { .. }
+            | Command::Man
     );
     let state_dir = match cordis_engine::sessions::default_state_dir(cli.state_dir.as_deref()) {
         Some(dir) => dir,
@@ -257,6 +304,23 @@ fn main() -> ExitCode {
             path,
             sdk_path,
         } => new_plugin(name, path, sdk_path),
+        Command::Plugin(cmd) => plugin(&host, cmd),
+        Command::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "cordis", &mut out);
+            cordis_cli::plugins::print(&String::from_utf8_lossy(&out));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut out)
+                .map(|()| {
+                    cordis_cli::plugins::print(&String::from_utf8_lossy(&out));
+                    ExitCode::SUCCESS
+                })
+                .map_err(anyhow::Error::from)
+        }
     };
     match outcome {
         Ok(code) => code,
@@ -268,6 +332,48 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The directory `cordis plugin install|remove` works in.
+fn plugin_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    flag.or_else(|| cordis_engine::loader::user_plugin_dir(|name| std::env::var_os(name)))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no user plugin directory: neither XDG_DATA_HOME nor HOME is set (absolute); \
+                 set one, or pass `--dir DIR`"
+            )
+        })
+}
+
+fn plugin(host: &Host, cmd: PluginCommand) -> anyhow::Result<ExitCode> {
+    use cordis_cli::plugins;
+    let search = &host.options.search;
+    match cmd {
+        PluginCommand::Install { source, dir } => {
+            let installed = plugins::install(&source, &plugin_dir(dir)?)?;
+            plugins::print(&plugins::describe_install(&installed, search));
+        }
+        PluginCommand::List { format } => {
+            let listed = plugins::list(search);
+            let text = match format {
+                Format::Human => plugins::render_list(search, &listed),
+                Format::Json => serde_json::to_string_pretty(&listed)? + "\n",
+            };
+            plugins::print(&text);
+        }
+        PluginCommand::Remove { name, dir } => {
+            let removed = plugins::remove(&name, &plugin_dir(dir)?, search)?;
+            let mut text = format!("removed {}\n", removed.path.display());
+            if let Some(found) = removed.still_found {
+                text += &format!(
+                    "note: the search path still finds `{name}` at {}\n",
+                    found.display()
+                );
+            }
+            plugins::print(&text);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn explain(code: &str) -> anyhow::Result<ExitCode> {
@@ -384,6 +490,7 @@ fn describe_plan(plan: &Plan) -> String {
             m.version,
             p.entry.pos.line
         );
+        let _ = writeln!(out, "       file     {}", p.library.path.display());
         for s in &m.provides {
             let _ = writeln!(
                 out,

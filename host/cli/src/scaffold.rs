@@ -400,6 +400,7 @@ impl Plugin for {camel}Plugin {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("greets people")
             .provides::<GreeterClient>(SERVICE)
+            .tool("{tool}")
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {

@@ -22,8 +22,8 @@ pub struct SearchPath {
 pub(crate) const PLUGIN_PATH_ENV: &str = "CORDIS_PLUGIN_PATH";
 
 impl SearchPath {
-    /// `--plugin-path` flags, then `CORDIS_PLUGIN_PATH`, then the directory of the running
-    /// `cordis` binary (cargo's build output directory, where workspace plugins land).
+    /// `--plugin-path` flags, then `CORDIS_PLUGIN_PATH`, then the standard directories
+    /// ([`standard_plugin_dirs`]).
     pub fn new(flags: &[PathBuf]) -> Self {
         let mut dirs: Vec<(PathBuf, &'static str)> =
             flags.iter().map(|d| (d.clone(), "--plugin-path")).collect();
@@ -34,12 +34,11 @@ impl SearchPath {
                     .map(|p| (p, PLUGIN_PATH_ENV)),
             );
         }
-        if let Some(dir) = std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(Path::to_path_buf))
-        {
-            dirs.push((dir, "next to the cordis binary"));
-        }
+        let exe = std::env::current_exe().ok();
+        dirs.extend(standard_plugin_dirs(
+            |name| std::env::var_os(name),
+            exe.as_deref(),
+        ));
         SearchPath { dirs }
     }
 
@@ -52,23 +51,61 @@ impl SearchPath {
 
     /// Every plugin library in the search path (for "which plugin provides X?" help).
     pub(crate) fn all_libraries(&self) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        for (dir, _) in &self.dirs {
-            let Ok(read) = std::fs::read_dir(dir) else {
-                continue;
-            };
-            let mut files: Vec<PathBuf> = read
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                    name.starts_with("lib") && name.ends_with(std::env::consts::DLL_SUFFIX)
-                })
-                .collect();
-            files.sort();
-            out.extend(files);
-        }
-        out
+        self.dirs
+            .iter()
+            .flat_map(|(dir, _)| Self::libraries_in(dir))
+            .collect()
     }
+
+    /// The plugin library files (`lib*.so`) in `dir`, sorted; none when it cannot be read.
+    pub fn libraries_in(dir: &Path) -> Vec<PathBuf> {
+        let Ok(read) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut files: Vec<PathBuf> = read
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                name.starts_with(std::env::consts::DLL_PREFIX)
+                    && name.ends_with(std::env::consts::DLL_SUFFIX)
+            })
+            .collect();
+        files.sort();
+        files
+    }
+}
+
+/// The user's plugin directory, where `cordis plugin install` puts libraries:
+/// `$XDG_DATA_HOME/cordis/plugins`, else `~/.local/share/cordis/plugins`; `None` when
+/// neither variable is set (or `XDG_DATA_HOME` is relative, which the XDG specification
+/// says to ignore) and `HOME` is not set either.
+pub fn user_plugin_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let absolute = |name: &str| env(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    absolute("XDG_DATA_HOME")
+        .map(|d| d.join("cordis/plugins"))
+        .or_else(|| absolute("HOME").map(|h| h.join(".local/share/cordis/plugins")))
+}
+
+/// The directories searched after the explicit ones, in order: the user's plugin
+/// directory ([`user_plugin_dir`]), the installation's (`<dir of cordis>/../lib/cordis/plugins`,
+/// where a release archive puts the bundled plugins) and the directory of the `cordis`
+/// binary itself (cargo's build output, where a checkout's plugins land).
+pub fn standard_plugin_dirs(
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    exe: Option<&Path>,
+) -> Vec<(PathBuf, &'static str)> {
+    let mut dirs = Vec::new();
+    if let Some(user) = user_plugin_dir(env) {
+        dirs.push((user, "the user plugin directory"));
+    }
+    if let Some(bin) = exe.and_then(Path::parent) {
+        let installed = bin.parent().map(|prefix| prefix.join("lib/cordis/plugins"));
+        if let Some(installed) = installed {
+            dirs.push((installed, "the installation's plugin directory"));
+        }
+        dirs.push((bin.to_path_buf(), "next to the cordis binary"));
+    }
+    dirs
 }
 
 /// The library file cargo produces for a cdylib package: `dsh-fs` → `libdsh_fs.so`.
@@ -120,6 +157,11 @@ pub struct Meta {
     pub injects: Vec<InjectSpec>,
     /// JSON Schema of the config.
     pub config_schema: serde_json::Value,
+    /// The tools it declares (`None`: built before plugins could declare them; empty:
+    /// declares none, e.g. because its config names them).
+    pub tools: Option<Vec<String>>,
+    /// The `cordis-sdk` version it was built against.
+    pub sdk_version: String,
 }
 
 /// A loaded plugin library. The `RawLibrary` stays open as long as this value lives.
@@ -498,6 +540,13 @@ impl Library {
                 .collect(),
             config_schema: serde_json::from_str(&meta.config_schema)
                 .unwrap_or(serde_json::Value::Null),
+            tools: module
+                .tools()
+                .map(|tools| tools().iter().map(copy).collect()),
+            sdk_version: format!(
+                "{}.{}.{}",
+                plugin_sdk.major, plugin_sdk.minor, plugin_sdk.patch
+            ),
         };
         Ok(Arc::new(Library {
             path: path.to_path_buf(),
@@ -616,5 +665,44 @@ mod tests {
         );
         let older = check_sdk_version(v("1.3.0"), v("1.2.9")).unwrap_err();
         assert!(older.contains("older release of ABI 1"), "{older}");
+    }
+
+    /// The standard directories come in the documented order, `XDG_DATA_HOME` before
+    /// `HOME`, a relative `XDG_DATA_HOME` ignored, and nothing made up without either.
+    #[test]
+    fn standard_plugin_dirs_follow_xdg_then_the_installation_then_the_binary() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        let exe = Path::new("/opt/cordis/bin/cordis");
+        let dirs = |vars| -> Vec<PathBuf> {
+            standard_plugin_dirs(env(vars), Some(exe))
+                .into_iter()
+                .map(|(d, _)| d)
+                .collect()
+        };
+        let installed = PathBuf::from("/opt/cordis/lib/cordis/plugins");
+        let bin = PathBuf::from("/opt/cordis/bin");
+        assert_eq!(
+            dirs(&[("XDG_DATA_HOME", "/data"), ("HOME", "/home/u")]),
+            [
+                PathBuf::from("/data/cordis/plugins"),
+                installed.clone(),
+                bin.clone()
+            ]
+        );
+        assert_eq!(
+            dirs(&[("XDG_DATA_HOME", "rel"), ("HOME", "/home/u")]),
+            [
+                PathBuf::from("/home/u/.local/share/cordis/plugins"),
+                installed.clone(),
+                bin.clone()
+            ]
+        );
+        assert_eq!(dirs(&[]), [installed, bin]);
     }
 }

@@ -331,7 +331,7 @@ impl Manifest {
 const ENTRY_KEYS: &[&str] = &["name", "id", "config", "disabled", "group", "path"];
 
 /// Strips an npm-style scope: `@deepseek-ai/dsh-fs-sandbox` → `dsh-fs-sandbox`.
-pub(crate) fn plugin_name(raw: &str) -> &str {
+pub fn plugin_name(raw: &str) -> &str {
     match raw.strip_prefix('@') {
         Some(rest) => rest.split_once('/').map_or(raw, |(_, name)| name),
         None => raw,

@@ -177,6 +177,9 @@ pub trait InstanceObj: Send {
 /// An owned instance handle.
 pub type InstanceBox = InstanceObj_TO<'static, RBox<()>>;
 
+/// The tool name [`PluginMod::tools`] lists for a plugin whose config names its tools.
+pub const TOOLS_FROM_CONFIG: &str = "*";
+
 /// The root module every plugin library exports.
 #[repr(C)]
 #[derive(StableAbi)]
@@ -190,6 +193,11 @@ pub struct PluginMod {
     /// Applies the plugin with a config (JSON).
     #[sabi(last_prefix_field)]
     pub apply: extern "C" fn(ctx: HostCtx<'_>, config: RStr<'_>) -> RResult<InstanceBox, RError>,
+    /// The names of the tools the plugin declares ([`crate::Metadata::tool`]), or
+    /// [`TOOLS_FROM_CONFIG`] ([`crate::Metadata::tools_from_config`]); absent in a library
+    /// built before the field existed.
+    #[sabi(missing_field(option))]
+    pub tools: extern "C" fn() -> RVec<RString>,
 }
 
 impl RootModule for PluginModRef {

@@ -49,6 +49,7 @@
 //!         Metadata::new("greeter", "0.1.0")
 //!             .description("greets people")
 //!             .provides::<GreeterClient>("greeter")
+//!             .tool("greet")
 //!     }
 //!
 //!     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
@@ -78,7 +79,7 @@
 //! cordis_sdk::export_plugin!(GreeterPlugin);
 //! ```
 //!
-//! The crate `plugins/example` in this repository is the same plugin as a full crate.
+//! The crate `plugins/examples/example` in this repository is the same plugin as a full crate.
 //!
 //! # Versioning
 //!

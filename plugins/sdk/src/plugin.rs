@@ -50,6 +50,7 @@ pub struct Metadata {
     description: String,
     provides: Vec<ServiceDecl>,
     injects: Vec<InjectDecl>,
+    tools: Vec<String>,
 }
 
 impl Metadata {
@@ -61,6 +62,7 @@ impl Metadata {
             description: String::new(),
             provides: Vec::new(),
             injects: Vec::new(),
+            tools: Vec::new(),
         }
     }
 
@@ -97,6 +99,20 @@ impl Metadata {
             version: I::VERSION,
             optional,
         });
+        self
+    }
+
+    /// Declares a tool the plugin registers, so listings (`cordis plugin list`) show it
+    /// without applying the plugin; registering a tool not declared is an error.
+    pub fn tool(mut self, name: &str) -> Self {
+        self.tools.push(name.to_string());
+        self
+    }
+
+    /// Declares that the plugin's config names its tools, so they cannot be listed before
+    /// it is applied; it may then register tools of any name.
+    pub fn tools_from_config(mut self) -> Self {
+        self.tools.push(crate::abi::TOOLS_FROM_CONFIG.to_string());
         self
     }
 
@@ -271,6 +287,20 @@ impl<'a> Context<'a> {
     where
         F: Fn(&CallContext, serde_json::Value) -> Result<ToolResult> + Send + Sync + 'static,
     {
+        let declared = &self.metadata.tools;
+        let allowed = declared
+            .iter()
+            .any(|t| *t == tool.name || t == crate::abi::TOOLS_FROM_CONFIG);
+        if !allowed {
+            return Err(Error::internal(format!(
+                "plugin `{}` registers tool `{}` without declaring it in its metadata",
+                self.metadata.name, tool.name,
+            ))
+            .with_help(format!(
+                "add `.tool(\"{}\")` to `metadata()` (or `.tools_from_config()` when the config names the tools)",
+                tool.name
+            )));
+        }
         let decl = ToolDecl {
             name: tool.name.as_str().into(),
             description: tool.description.into(),
@@ -380,6 +410,12 @@ extern "C" fn metadata<P: Plugin>() -> RResult<PluginMeta, RError> {
     guard("metadata", meta_of::<P>)
 }
 
+extern "C" fn tools<P: Plugin>() -> RVec<RString> {
+    // `metadata` reports a failure to build the metadata; this only lists names.
+    catch_unwind(|| P::metadata().tools.into_iter().map(RString::from).collect())
+        .unwrap_or_default()
+}
+
 extern "C" fn check_config<P: Plugin>(config: RStr<'_>) -> RResult<(), RError> {
     guard("check_config", || {
         parse_config::<P>(config.as_str()).map(drop)
@@ -431,6 +467,7 @@ pub fn root_module<P: Plugin>() -> PluginModRef {
         metadata: metadata::<P>,
         check_config: check_config::<P>,
         apply: apply::<P>,
+        tools: tools::<P>,
     }
     .leak_into_prefix()
 }

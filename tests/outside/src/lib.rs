@@ -24,6 +24,7 @@ impl Plugin for Notes {
             .description("keeps notes in the session's directory")
             .injects::<FsClient>(FS)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
+            .tool("note")
     }
 
     fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {

@@ -167,6 +167,7 @@ impl Plugin for ToolBashPlugin {
             .injects::<ShellClient>(SHELL)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
             .injects_optional::<ApprovalClient>(APPROVAL)
+            .tool("bash")
     }
 
     fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {

@@ -410,6 +410,10 @@ impl Plugin for ToolFsPlugin {
             .injects::<FsClient>(FS)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
             .injects_optional::<ApprovalClient>(APPROVAL)
+            .tool("read")
+            .tool("write")
+            .tool("edit")
+            .tool("list")
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {

@@ -40,6 +40,7 @@ impl Plugin for ExamplePlugin {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("greets people")
             .provides::<GreeterClient>("greeter")
+            .tool("greet")
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
