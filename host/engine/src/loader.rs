@@ -77,8 +77,8 @@ impl SearchPath {
 
 /// The user's plugin directory, where `cordis plugin install` puts libraries:
 /// `$XDG_DATA_HOME/cordis/plugins`, else `~/.local/share/cordis/plugins`; `None` when
-/// neither variable is set (or `XDG_DATA_HOME` is relative, which the XDG specification
-/// says to ignore) and `HOME` is not set either.
+/// neither variable holds an absolute path (a relative `XDG_DATA_HOME` is ignored, as the
+/// XDG specification says).
 pub fn user_plugin_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
     let absolute = |name: &str| env(name).map(PathBuf::from).filter(|p| p.is_absolute());
     absolute("XDG_DATA_HOME")
