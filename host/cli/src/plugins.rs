@@ -363,13 +363,7 @@ pub fn describe_install(installed: &Installed, search: &SearchPath) -> String {
         let _ = write!(out, ", replacing {old}");
     }
     out.push('\n');
-    let file = library_file_name(&meta.name);
-    let all: Vec<PathBuf> = search
-        .dirs
-        .iter()
-        .map(|(dir, _)| dir.join(&file))
-        .filter(|p| p.is_file())
-        .collect();
+    let all = search.find_all(&meta.name);
     let at = all.iter().position(|p| same_file(p, &installed.path));
     match (at, all.first()) {
         (Some(0), _) => {

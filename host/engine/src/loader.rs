@@ -49,6 +49,17 @@ impl SearchPath {
         tried.iter().find(|p| p.is_file()).cloned().ok_or(tried)
     }
 
+    /// Every library file for `plugin` on the path, in search order: the first is the one
+    /// loaded, the others are shadowed by it.
+    pub fn find_all(&self, plugin: &str) -> Vec<PathBuf> {
+        let file = library_file_name(plugin);
+        self.dirs
+            .iter()
+            .map(|(d, _)| d.join(&file))
+            .filter(|p| p.is_file())
+            .collect()
+    }
+
     /// Every plugin library in the search path (for "which plugin provides X?" help).
     pub(crate) fn all_libraries(&self) -> Vec<PathBuf> {
         self.dirs
