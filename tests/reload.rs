@@ -27,6 +27,7 @@ fn call_with(rt: &Runtime, session: &SessionInfo, tool: &str, args: serde_json::
                 session: session.clone(),
                 call_id: "reload-test".into(),
                 cancel_fd: None,
+                progress_fd: None,
             },
             &args,
         )
@@ -357,6 +358,7 @@ fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
                             session: session.clone(),
                             call_id: "load".into(),
                             cancel_fd: None,
+                            progress_fd: None,
                         },
                         &serde_json::json!({"name": "load"}),
                     );

@@ -602,6 +602,42 @@ fn sdk_copy(dir: &Path, version: &str) -> PathBuf {
         std::fs::copy(&file, copy.join("src").join(file.file_name().unwrap())).unwrap();
     }
     let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap();
+    write_sdk_manifest(&copy, &manifest, version);
+    copy
+}
+
+/// The SDK's sources as they were at `revision` (from git), in `dir/sdk`.
+fn sdk_at_revision(dir: &Path, revision: &str) -> PathBuf {
+    let copy = dir.join("sdk");
+    std::fs::create_dir_all(copy.join("src")).unwrap();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .current_dir(workspace_root())
+            .args(args)
+            .output()
+            .expect("run git");
+        assert!(
+            out.status.success(),
+            "git {} failed (this test needs the repository's history, not a shallow clone): {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let files = git(&["ls-tree", "--name-only", revision, "plugins/sdk/src/"]);
+    for file in String::from_utf8(files).unwrap().lines() {
+        let text = git(&["show", &format!("{revision}:{file}")]);
+        let name = Path::new(file).file_name().unwrap();
+        std::fs::write(copy.join("src").join(name), text).unwrap();
+    }
+    let manifest = git(&["show", &format!("{revision}:plugins/sdk/Cargo.toml")]);
+    let version = env!("CARGO_PKG_VERSION");
+    write_sdk_manifest(&copy, &String::from_utf8(manifest).unwrap(), version);
+    copy
+}
+
+/// The SDK's `Cargo.toml` standing alone (no workspace), at `version`.
+fn write_sdk_manifest(copy: &Path, manifest: &str, version: &str) {
     let manifest = manifest
         .replace("rust-version.workspace = true", "")
         .replace(
@@ -620,7 +656,6 @@ fn sdk_copy(dir: &Path, version: &str) -> PathBuf {
         .replace("tracing.workspace = true", "tracing = \"0.1\"");
     assert!(!manifest.contains(".workspace"), "{manifest}");
     std::fs::write(copy.join("Cargo.toml"), manifest).unwrap();
-    copy
 }
 
 /// This host's cordis-sdk version and the ABI it speaks.
@@ -638,8 +673,16 @@ fn host_sdk() -> (&'static str, String) {
 /// SDK whose version is `version`.
 fn plugin_against_sdk(name: &str, version: &str) -> Scratch {
     let scratch = Scratch::new();
-    scratch.write(".cargo/config.toml", &workspace_profiles());
     let sdk = sdk_copy(&scratch.path(), version);
+    let source = format!("//! A plugin built against another SDK release.\nuse cordis_sdk::prelude::*;\n#[derive(Deserialize, JsonSchema)]\npub struct Config {{}}\npub struct Other;\nimpl Plugin for Other {{\n    type Config = Config;\n    fn metadata() -> Metadata {{ Metadata::new(\"{name}\", \"0.1.0\") }}\n    fn apply(_ctx: &mut Context<'_>, _config: Config) -> Result<Self> {{ Ok(Other) }}\n}}\ncordis_sdk::export_plugin!(Other);\n");
+    build_plugin(&scratch, name, &sdk, &source);
+    scratch
+}
+
+/// Builds plugin `name` from `source` against the SDK at `sdk`, outside the workspace, into
+/// `scratch`, whose `cordis.yml` composes it.
+fn build_plugin(scratch: &Scratch, name: &str, sdk: &Path, source: &str) {
+    scratch.write(".cargo/config.toml", &workspace_profiles());
     scratch.write(
         "other/Cargo.toml",
         &format!(
@@ -647,10 +690,7 @@ fn plugin_against_sdk(name: &str, version: &str) -> Scratch {
             sdk.display()
         ),
     );
-    scratch.write(
-        "other/src/lib.rs",
-        &format!("//! A plugin built against another SDK release.\nuse cordis_sdk::prelude::*;\n#[derive(Deserialize, JsonSchema)]\npub struct Config {{}}\npub struct Other;\nimpl Plugin for Other {{\n    type Config = Config;\n    fn metadata() -> Metadata {{ Metadata::new(\"{name}\", \"0.1.0\") }}\n    fn apply(_ctx: &mut Context<'_>, _config: Config) -> Result<Self> {{ Ok(Other) }}\n}}\ncordis_sdk::export_plugin!(Other);\n"),
-    );
+    scratch.write("other/src/lib.rs", source);
     let dir = scratch.path().join("other");
     std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
     let file = cordis_engine::loader::library_file_name(name);
@@ -661,7 +701,55 @@ fn plugin_against_sdk(name: &str, version: &str) -> Scratch {
         std::fs::rename(&library, scratch.path().join(&file)).unwrap();
     });
     scratch.manifest(&format!("- name: {name}\n  path: {file}\n"));
-    scratch
+}
+
+/// The last revision whose SDK had neither tool annotations and output schemas
+/// (`register_tool_with`), structured results (`call_structured`) nor progress: a
+/// compatible change, so a library built against it must keep loading and serving.
+const SDK_BEFORE_ANNOTATIONS: &str = "2da6211d704165d0e6651063eb3b5949c452a8da";
+
+#[test]
+fn a_plugin_built_before_annotations_and_structured_results_still_loads_and_serves() {
+    let scratch = Scratch::new();
+    let sdk = sdk_at_revision(&scratch.path(), SDK_BEFORE_ANNOTATIONS);
+    let source = r#"//! A plugin built against the SDK before tool annotations.
+use cordis_sdk::prelude::*;
+#[derive(Deserialize, JsonSchema)]
+pub struct Config {}
+pub struct Older;
+impl Plugin for Older {
+    type Config = Config;
+    fn metadata() -> Metadata {
+        Metadata::new("older-plugin", "0.1.0").tool("older-echo")
+    }
+    fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {
+        let tool = Tool {
+            name: "older-echo".into(),
+            description: "echoes `text`".into(),
+            input_schema: serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+        };
+        ctx.register_tool(tool, |call, args| {
+            Ok(ToolResult::ok(format!("{} in {}", args["text"].as_str().unwrap_or(""), call.session.cwd.display())))
+        })?;
+        Ok(Older)
+    }
+}
+cordis_sdk::export_plugin!(Older);
+"#;
+    build_plugin(&scratch, "older-plugin", &sdk, source);
+    scratch.run(&["check"]).expect_code(0);
+    let call = scratch.run(&["call", "older-echo", r#"{"text": "still served"}"#]);
+    call.expect_code(0)
+        .expect_output(&[&format!("still served in {}", scratch.path().display())]);
+    // Listed without annotations or an output schema (it declared none).
+    let tools: serde_json::Value =
+        serde_json::from_str(&scratch.run(&["tools"]).expect_code(0).stdout()).unwrap();
+    let tool = &tools.as_array().unwrap()[0];
+    assert_eq!(tool["name"], "older-echo", "{tools}");
+    assert!(
+        tool.get("annotations").is_none_or(|a| a.is_null()),
+        "{tools}"
+    );
 }
 
 #[test]

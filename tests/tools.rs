@@ -123,6 +123,7 @@ impl Caller for Tools {
             session: session.clone(),
             call_id: format!("thread-call-{}", unique()),
             cancel_fd: None,
+            progress_fd: None,
         };
         slot.call(&call, &args)
     }

@@ -87,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
     let (client_read, mut client_write) = tokio::io::split(client);
     let options = McpOptions {
         session: Some(server.session.clone()),
-        cwd: None,
+        ..McpOptions::default()
     };
     let serving = serve_io(
         server.runtime.clone(),

@@ -15,121 +15,22 @@
 use std::time::{Duration, Instant};
 
 use cordis_cli::watch::Quiet;
-use cordis_e2e::bench::human;
+use cordis_e2e::bench::{human, resident_kib, summarize, StdioClient};
 use cordis_e2e::{
     cargo, cargo_target, fixture_reload_build, reload_project, replace_file, target_dir,
     with_build_lock, workspace_profiles, workspace_root, McpStdio, Scratch,
 };
 use cordis_sdk::CallContext;
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn summarize(mut samples: Vec<f64>) -> (f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    (percentile(&samples, 0.5), percentile(&samples, 0.99))
-}
-
-fn resident_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 const CALLS: usize = 10_000;
-
-/// The leanest MCP client: requests written and responses read on the calling thread, so
-/// a round trip times the server and the pipes, not a client's thread hand-offs.
-struct Direct {
-    child: std::process::Child,
-    stdin: std::process::ChildStdin,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
-    next_id: u64,
-}
-
-impl Direct {
-    fn start(s: &Scratch) -> Direct {
-        let mut child = s
-            .cordis(&["run", "--no-watch"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn cordis run");
-        let mut client = Direct {
-            stdin: child.stdin.take().expect("stdin"),
-            stdout: std::io::BufReader::new(child.stdout.take().expect("stdout")),
-            child,
-            next_id: 0,
-        };
-        client.request(
-            "initialize",
-            &serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "bench", "version": "0"}}),
-        );
-        client.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-        client
-    }
-
-    fn send(&mut self, message: &serde_json::Value) {
-        use std::io::Write;
-        let mut line = message.to_string();
-        line.push('\n');
-        self.stdin
-            .write_all(line.as_bytes())
-            .expect("write a request");
-    }
-
-    /// The raw response line to a request.
-    fn request(&mut self, method: &str, params: &serde_json::Value) -> String {
-        use std::io::BufRead;
-        self.next_id += 1;
-        let id = format!(r#""id":{}"#, self.next_id);
-        self.send(&serde_json::json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}));
-        loop {
-            let mut line = String::new();
-            let n = self.stdout.read_line(&mut line).expect("read a response");
-            assert!(n > 0, "cordis run closed its output during {method}");
-            if line.contains(&id) {
-                return line;
-            }
-        }
-    }
-
-    fn call(&mut self, tool: &str, args: &serde_json::Value) -> String {
-        self.request(
-            "tools/call",
-            &serde_json::json!({"name": tool, "arguments": args}),
-        )
-    }
-
-    fn finish(mut self) {
-        drop(self.stdin);
-        assert!(self.child.wait().expect("wait").success());
-    }
-}
 
 fn read_round_trips() {
     let s = Scratch::with_bundled_manifest();
     s.write("data.txt", &"0123456789abcdef".repeat(256));
     let args = serde_json::json!({ "path": "data.txt" });
 
-    let mut mcp = Direct::start(&s);
-    let mut over_mcp = Vec::with_capacity(CALLS);
-    for _ in 0..CALLS {
-        let t = Instant::now();
-        let response = mcp.call("read", &args);
-        over_mcp.push(t.elapsed().as_nanos() as f64);
-        assert!(
-            response.contains(r#""isError":false"#) && response.len() >= 4096,
-            "{response}"
-        );
-    }
+    let mut mcp = StdioClient::start(&s);
+    let over_mcp = mcp.time_calls(CALLS, "read", &args);
     mcp.finish();
 
     let rt = s.runtime();
@@ -138,6 +39,7 @@ fn read_round_trips() {
         session,
         call_id: "bench".into(),
         cancel_fd: None,
+        progress_fd: None,
     };
     let mut in_process = Vec::with_capacity(CALLS);
     for _ in 0..CALLS {

@@ -6,8 +6,10 @@ The Rust test target `tests/mcp.rs` sets `CORDIS_BIN` (the built binary) and
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -61,6 +63,7 @@ class Workspace:
         mode: str = "auto",
         elicitation: Callable[[Any, ElicitRequestParams], Awaitable[ElicitResult]] | None = None,
         extra_args: list[str] | None = None,
+        roots: Callable[[Any], Awaitable[Any]] | None = None,
     ) -> AsyncIterator[Client]:
         env = dict(os.environ)
         env["CORDIS_STATE_DIR"] = str(self.root / "state")
@@ -71,7 +74,9 @@ class Workspace:
             env=env,
             cwd=str(cwd),
         )
-        async with Client(params, mode=mode, elicitation_callback=elicitation, read_timeout_seconds=60) as client:
+        async with Client(
+            params, mode=mode, elicitation_callback=elicitation, list_roots_callback=roots, read_timeout_seconds=60
+        ) as client:
             yield client
 
 
@@ -107,3 +112,55 @@ def show(result: CallToolResult) -> str:
 
 def eprint(*args: object) -> None:
     print(*args, file=sys.stderr)
+
+
+# --- processes a command leaves behind ----------------------------------------------------
+
+_counter = 0
+
+
+def sleep_token() -> str:
+    """A `sleep` argument unique to this test run (sleep takes fractions)."""
+    global _counter
+    _counter += 1
+    return f"2468.{os.getpid()}0{_counter}"
+
+
+def leaving_children(token: str) -> str:
+    """Background children of every kind, then a long foreground sleep."""
+    return (
+        f"setsid sleep {token} & (sleep {token} &) ; sleep {token} & "
+        f"nohup sleep {token} >/dev/null 2>&1 & sleep {token}"
+    )
+
+
+def processes_with(needle: str) -> list[tuple[int, str]]:
+    """Running processes (not zombies) whose command line contains `needle`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if needle in cmdline and ") Z " not in stat:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+async def eventually(what: str, timeout: float, probe: Callable[[], object]) -> float:
+    """Polls `probe` until it is truthy; returns the seconds it took, fails after `timeout`."""
+    start = time.monotonic()
+    while True:
+        seen = probe()
+        if seen:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        await asyncio.sleep(0.02)
+
+
+async def started(token: str) -> None:
+    await eventually("the command and its five sleeps started", 30, lambda: len(processes_with(token)) >= 5)

@@ -8,61 +8,20 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-from conftest import CONFINED, Workspace, required_env, show, text
-
-_counter = 0
-
-
-def sleep_token() -> str:
-    """A `sleep` argument unique to this test run (sleep takes fractions)."""
-    global _counter
-    _counter += 1
-    return f"2468.{os.getpid()}0{_counter}"
-
-
-def leaving_children(token: str) -> str:
-    """Background children of every kind, then a long foreground sleep."""
-    return (
-        f"setsid sleep {token} & (sleep {token} &) ; sleep {token} & "
-        f"nohup sleep {token} >/dev/null 2>&1 & sleep {token}"
-    )
-
-
-def processes_with(needle: str) -> list[tuple[int, str]]:
-    """Running processes (not zombies) whose command line contains `needle`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if needle in cmdline and ") Z " not in stat:
-            found.append((int(entry.name), cmdline))
-    return found
-
-
-async def eventually(what: str, timeout: float, probe: Callable[[], object]) -> float:
-    """Polls `probe` until it is truthy; returns the seconds it took, fails after `timeout`."""
-    start = time.monotonic()
-    while True:
-        seen = probe()
-        if seen:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        await asyncio.sleep(0.02)
-
-
-async def started(token: str) -> None:
-    await eventually("the command and its five sleeps started", 30, lambda: len(processes_with(token)) >= 5)
-
+from conftest import (
+    CONFINED,
+    Workspace,
+    eventually,
+    leaving_children,
+    processes_with,
+    required_env,
+    show,
+    sleep_token,
+    started,
+    text,
+)
 
 async def test_a_cancelled_bash_call_kills_everything_it_started_within_a_second(ws: Workspace) -> None:
     ws.manifest(CONFINED)
@@ -92,12 +51,13 @@ class RawServer:
         self.proc = proc
 
     @classmethod
-    async def start(cls, ws: Workspace) -> RawServer:
+    async def start(cls, ws: Workspace, *args: str) -> RawServer:
         proc = await asyncio.create_subprocess_exec(
             required_env("CORDIS_BIN"),
             "run",
             "-c",
             str(ws.root / "cordis.yml"),
+            *args,
             cwd=str(ws.project("p")),
             env={**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "RUST_LOG": "warn"},
             stdin=asyncio.subprocess.PIPE,
@@ -138,13 +98,50 @@ async def test_a_client_that_goes_away_takes_its_commands_with_it(ws: Workspace)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-async def test_a_stopped_server_kills_running_commands_and_exits(ws: Workspace, signum: signal.Signals) -> None:
+async def test_a_stopped_server_kills_running_commands_at_its_deadline_and_exits(
+    ws: Workspace, signum: signal.Signals
+) -> None:
     ws.manifest(CONFINED)
     token = sleep_token()
-    server = await RawServer.start(ws)
+    server = await RawServer.start(ws, "--shutdown-timeout", "1")
     await server.start_bash(leaving_children(token))
     await started(token)
     server.proc.send_signal(signum)
-    await eventually(f"every process gone after {signum.name}", 2.0, lambda: not processes_with(token))
+    stopped = time.monotonic()
+    await asyncio.sleep(0.5)
+    assert processes_with(token), "the command was killed before its deadline"
+    await eventually(f"every process gone after {signum.name}", 3.0, lambda: not processes_with(token))
+    assert time.monotonic() - stopped >= 1.0
+    code = await server.exited_within(2.0)
+    assert code == 0, code
+
+
+async def test_a_stopped_server_lets_a_call_in_flight_finish_and_answer(ws: Workspace) -> None:
+    ws.manifest(CONFINED)
+    server = await RawServer.start(ws)
+    await server.start_bash("sleep 1.5; echo finished-in-time")
+    await asyncio.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.stdout is not None
+    line = await asyncio.wait_for(server.proc.stdout.readline(), timeout=10)
+    answer = json.loads(line)
+    assert answer["id"] == 2, answer
+    result = answer["result"]
+    assert not result.get("isError") and "finished-in-time" in result["content"][0]["text"], result
+    code = await server.exited_within(5.0)
+    assert code == 0, code
+
+
+async def test_a_second_signal_cancels_the_calls_in_flight_at_once(ws: Workspace) -> None:
+    ws.manifest(CONFINED)
+    token = sleep_token()
+    server = await RawServer.start(ws, "--shutdown-timeout", "600")
+    await server.start_bash(leaving_children(token))
+    await started(token)
+    server.proc.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.3)
+    assert processes_with(token), "the first signal killed the command"
+    server.proc.send_signal(signal.SIGTERM)
+    await eventually("every process gone after the second SIGTERM", 2.0, lambda: not processes_with(token))
     code = await server.exited_within(2.0)
     assert code == 0, code

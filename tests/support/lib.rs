@@ -408,6 +408,7 @@ impl Started {
             session: session.clone(),
             call_id: format!("test-call-{}", CALLS.fetch_add(1, Ordering::Relaxed)),
             cancel_fd: None,
+            progress_fd: None,
         };
         self.registry
             .call_tool(name, &call, &args)
@@ -969,6 +970,7 @@ pub fn shell_request(
         output_limit: None,
         policy,
         cancel_fd: None,
+        progress_fd: None,
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use clap::{CommandFactory as _, Parser, Subcommand};
+use cordis_cli::http::{serve_http, HttpOptions};
 use cordis_cli::mcp::{serve_stdio_with, McpOptions, ToolListNotifier};
 use cordis_cli::status::{self, HostStatus};
 use cordis_cli::watch::Quiet;
@@ -149,12 +150,33 @@ struct RunArgs {
     /// a library cargo is building waits for the build to finish instead].
     #[arg(long, value_name = "MS", conflicts_with = "no_watch", value_parser = clap::value_parser!(u64).range(0..=60_000))]
     reload_quiet: Option<u64>,
-    /// Serve this existing session instead of a new one.
-    #[arg(long, conflicts_with = "cwd")]
+    /// Serve this existing session instead of a new one (stdio only).
+    #[arg(long, conflicts_with_all = ["cwd", "http"])]
     session: Option<String>,
-    /// Root the new session here [default: the current directory].
+    /// Root new sessions here when the client names no allowed root [default: the current
+    /// directory].
     #[arg(long)]
     cwd: Option<PathBuf>,
+    /// A directory a client's root may lie in (repeatable); a session is rooted at the
+    /// client's first root when it is within one [default: only the --cwd directory].
+    #[arg(long, value_name = "DIR")]
+    allow_root: Vec<PathBuf>,
+    /// Serve MCP over Streamable HTTP at this address (e.g. 127.0.0.1:8765; port 0 picks
+    /// one) at path /mcp, instead of stdio. Clients need the bearer token: CORDIS_HTTP_TOKEN,
+    /// else one generated into the state directory (its path is logged).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// A browser origin allowed to call the HTTP server besides the loopback ones
+    /// (repeatable), e.g. https://agent.example.com.
+    #[arg(long, value_name = "ORIGIN", requires = "http")]
+    allow_origin: Vec<String>,
+    /// End an HTTP session after this many seconds without requests.
+    #[arg(long, value_name = "SECS", default_value_t = 900, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout: u64,
+    /// On SIGTERM or SIGINT, give the calls in flight this many seconds to finish before
+    /// they are cancelled (a running command is killed).
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    shutdown_timeout: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -581,13 +603,18 @@ fn tools(host: &Host) -> anyhow::Result<ExitCode> {
         .tools
         .values()
         .map(|t| {
-            serde_json::json!({
+            let mut tool = serde_json::json!({
                 "name": t.decl.name.as_str(),
                 "description": t.decl.description.as_str(),
                 "inputSchema": serde_json::from_str::<serde_json::Value>(&t.decl.input_schema)
                     .unwrap_or(serde_json::Value::Null),
                 "entry": t.entry,
-            })
+            });
+            // `annotations` and `outputSchema`, when the plugin declared them.
+            for (key, value) in &t.extras {
+                tool[key] = value.clone();
+            }
+            tool
         })
         .collect();
     println!("{}", serde_json::to_string_pretty(&list)?);
@@ -675,19 +702,25 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
         let _ = std::fs::remove_dir_all(&copies_dir);
         return Err(e);
     }
-    // One connection on one thread: the protocol's pipes, rmcp and the calls' completions
-    // never hand work between runtime threads; tool calls run on the blocking pool.
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("failed to start the async runtime")?;
+    // On stdio, one connection on one thread: the protocol's pipes, rmcp and the calls'
+    // completions never hand work between runtime threads. Over HTTP, many connections
+    // on every core. Tool calls run on the blocking pool either way.
+    let tokio = match args.http {
+        None => tokio::runtime::Builder::new_current_thread(),
+        Some(_) => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .context("failed to start the async runtime")?;
     let options = McpOptions {
         session: args.session,
         cwd: args.cwd,
+        allow_roots: args.allow_root,
     };
+    let deadline = std::time::Duration::from_secs(args.shutdown_timeout);
     let ended = tokio.block_on(async {
         // Signals are handled from here on; only then is the host announced as running.
-        let shutdown = shutdown_signals()?;
+        let mut signals = Signals::install()?;
         {
             let c = runtime.composition();
             let plugins: Vec<String> = c
@@ -714,9 +747,39 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
                 tool_names(&c.registry)
             );
         }
-        tokio::select! {
-            served = serve_stdio_with(runtime.clone(), options, notifier) => served.map(|()| "the client disconnected"),
-            signal = shutdown => Ok(signal),
+        // The first signal stops taking calls; the calls in flight finish until the
+        // deadline or a second signal, then what remains is cancelled. (The first signal
+        // yields the future that gives up: it starts the deadline when it comes.)
+        #[allow(clippy::async_yields_async)]
+        let shutdown = async move {
+            let why = signals.next().await;
+            tracing::info!(
+                "{why}: taking no new calls; the calls in flight have {} s to finish (signal again to cancel them now)",
+                deadline.as_secs()
+            );
+            async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(deadline) => {}
+                    why = signals.next() => tracing::info!("{why} again: cancelling the calls in flight now"),
+                }
+            }
+        };
+        match args.http {
+            Some(addr) => {
+                let http = HttpOptions {
+                    addr,
+                    token: std::env::var(cordis_cli::http::TOKEN_ENV).ok(),
+                    state_dir: state_dir.to_path_buf(),
+                    allow_origins: args.allow_origin,
+                    idle_timeout: std::time::Duration::from_secs(args.idle_timeout),
+                };
+                serve_http(runtime.clone(), options, http, notifier, shutdown)
+                    .await
+                    .map(|()| "shut down")
+            }
+            None => serve_stdio_with(runtime.clone(), options, notifier, shutdown)
+                .await
+                .map(|()| "the connection ended"),
         }
     });
     match &ended {
@@ -732,17 +795,28 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
     ended.map(|_| ExitCode::SUCCESS)
 }
 
-/// Installs SIGTERM/SIGINT handlers now; the future resolves on the first signal.
-fn shutdown_signals() -> anyhow::Result<impl std::future::Future<Output = &'static str>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("failed to watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("failed to watch SIGINT")?;
-    Ok(async move {
+/// SIGTERM and SIGINT, handled from when they are installed.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("failed to watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("failed to watch SIGINT")?,
+        })
+    }
+
+    /// The next signal.
+    async fn next(&mut self) -> &'static str {
         tokio::select! {
-            _ = term.recv() => "received SIGTERM",
-            _ = int.recv() => "received SIGINT",
+            _ = self.term.recv() => "received SIGTERM",
+            _ = self.int.recv() => "received SIGINT",
         }
-    })
+    }
 }
 
 fn call(host: Host, args: CallArgs) -> ExitCode {
@@ -813,6 +887,7 @@ fn call(host: Host, args: CallArgs) -> ExitCode {
         session,
         call_id: format!("cli-{}", std::process::id()),
         cancel_fd: None,
+        progress_fd: None,
     };
     let outcome = runtime.call_tool(&args.tool, &call, &parsed);
     runtime.shutdown();

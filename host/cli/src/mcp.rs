@@ -1,7 +1,11 @@
-//! The MCP server front-end: serves the composition's tools to one client over stdio, in one
-//! session, and asks that client to approve escalations.
+//! The MCP server front-end: serves the composition's tools to a client over stdio (or,
+//! through [`crate::http`], to many over Streamable HTTP), and asks that client to approve
+//! escalations.
 //!
-//! One connection is one session. Every `tools/call` gets a fresh call id and runs on a
+//! One connection (over HTTP: one MCP session) is one cordis session, settled at its first
+//! call: rooted at the client's first root when the client offers roots and that root lies
+//! within an allowed directory, else at the fallback directory; it never moves after.
+//! Every `tools/call` gets a fresh call id and runs on a
 //! blocking thread (plugin code may block for a long time, e.g. a shell command or an
 //! approval). When the tool asks the host's `approval` service, the request is routed by
 //! session to this connection and by call id to the `tools/call` that caused it:
@@ -22,7 +26,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
@@ -31,13 +35,16 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
     ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema,
     Implementation, InitializeRequestParams, InitializeResult, InputRequest, InputRequests,
-    InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
-    RequestStateCodec, SealOptions, ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
+    InputRequiredResult, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestStateCodec, SealOptions,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool, ToolAnnotations,
 };
-use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSink};
+use rmcp::service::{
+    NotificationContext, RequestContext, RoleServer, SubscriptionContext, SubscriptionSink,
+};
 use rmcp::{ErrorData, Peer, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -48,6 +55,12 @@ use cordis_engine::runtime::Runtime;
 /// How long a parked approval waits for the client's retry before it counts as cancelled.
 const PARK_TTL: Duration = Duration::from_secs(600);
 
+/// How long cancelled calls have at shutdown to send their answers.
+const ANSWER_GRACE: Duration = Duration::from_secs(3);
+
+/// How often a call with a progress token reports to the client.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
 /// The key under which the approval elicitation travels in `inputRequests`.
 const APPROVAL_INPUT: &str = "approval";
 
@@ -56,8 +69,12 @@ const APPROVAL_INPUT: &str = "approval";
 pub struct McpOptions {
     /// An existing session to resume (an error when unknown); `None`: a new session.
     pub session: Option<String>,
-    /// The root of a new session; `None`: the process's current directory.
+    /// The root of a new session when the client names none (or none that is allowed);
+    /// `None`: the process's current directory.
     pub cwd: Option<PathBuf>,
+    /// Where a client's root may lie (each with everything beneath it); empty: only the
+    /// fallback root (`cwd`).
+    pub allow_roots: Vec<PathBuf>,
 }
 
 /// Tells connected clients that the tool list changed (`notifications/tools/list_changed`).
@@ -82,18 +99,298 @@ impl ToolListNotifier {
     }
 }
 
-/// Serves the runtime's tools over stdin/stdout until the client disconnects.
-pub async fn serve_stdio(runtime: Arc<Runtime>, options: McpOptions) -> anyhow::Result<()> {
-    serve_stdio_with(runtime, options, ToolListNotifier::default()).await
+/// Where new sessions are rooted: the client's first root when it lies within an allowed
+/// directory, else the fallback.
+#[derive(Clone, Debug)]
+pub(crate) struct Rooting {
+    fallback: PathBuf,
+    allowed: Vec<PathBuf>,
 }
 
-/// [`serve_stdio`], with a notifier the host keeps to announce tool-list changes.
+impl Rooting {
+    pub(crate) fn new(options: &McpOptions) -> anyhow::Result<Self> {
+        let fallback = match &options.cwd {
+            Some(cwd) => cwd.clone(),
+            None => std::env::current_dir().context("cannot read the current directory")?,
+        };
+        let allowed = if options.allow_roots.is_empty() {
+            vec![dsh_sandbox::canonical_path(&fallback).with_context(|| {
+                format!("the session root {} does not exist", fallback.display())
+            })?]
+        } else {
+            options
+                .allow_roots
+                .iter()
+                .map(|dir| {
+                    let canonical = dsh_sandbox::canonical_path(dir).ok().filter(|d| d.is_dir());
+                    canonical.with_context(|| {
+                        format!(
+                            "--allow-root {}: not an existing directory; pass a directory clients may root their sessions in",
+                            dir.display()
+                        )
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?
+        };
+        Ok(Rooting { fallback, allowed })
+    }
+
+    /// The root for a client that listed `roots` (`Err`: why it listed none), and why.
+    fn choose(&self, roots: Result<Vec<String>, String>) -> (PathBuf, String) {
+        let fallback = |why: String| {
+            (
+                self.fallback.clone(),
+                format!(
+                    "{why}; the session is rooted at {}",
+                    self.fallback.display()
+                ),
+            )
+        };
+        let first = match roots {
+            Ok(roots) => match roots.into_iter().next() {
+                Some(first) => first,
+                None => return fallback("the client listed no roots".into()),
+            },
+            Err(why) => return fallback(why),
+        };
+        let path = match url::Url::parse(&first)
+            .ok()
+            .filter(|u| u.scheme() == "file")
+        {
+            Some(url) => url.to_file_path().ok(),
+            None => None,
+        };
+        let Some(path) = path else {
+            return fallback(format!("the client's first root {first} is not a file URI"));
+        };
+        let canonical = match dsh_sandbox::canonical_path(&path) {
+            Ok(c) if c.is_dir() => c,
+            _ => {
+                return fallback(format!(
+                    "the client's first root {} is not an existing directory",
+                    path.display()
+                ))
+            }
+        };
+        if !self
+            .allowed
+            .iter()
+            .any(|a| dsh_sandbox::is_within(&canonical, a))
+        {
+            return fallback(format!(
+                "the client's first root {} is outside the allowed roots ({}; widen with --allow-root)",
+                canonical.display(),
+                self.allowed
+                    .iter()
+                    .map(|a| a.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let why = format!(
+            "the session is rooted at the client's first root {}",
+            canonical.display()
+        );
+        (canonical, why)
+    }
+}
+
+/// What every connection of one server shares: the runtime, how sessions are rooted, the
+/// peers and subscriptions to tell about tool-list changes, and the calls in flight (for a
+/// graceful shutdown).
+pub(crate) struct Hub {
+    runtime: Arc<Runtime>,
+    rooting: Rooting,
+    /// A session to resume (stdio only).
+    resume: Option<String>,
+    /// Over HTTP a cordis session is an MCP session, so stateless (2026-07-28) requests
+    /// are refused.
+    http: bool,
+    codec: RequestStateCodec,
+    call_prefix: String,
+    next: AtomicU64,
+    /// Connections that completed the handshake, by connection id.
+    peers: Mutex<HashMap<u64, Peer<RoleServer>>>,
+    sinks: Mutex<Vec<SubscriptionSink>>,
+    /// Live connections, to cancel their calls at shutdown.
+    live: Mutex<HashMap<u64, std::sync::Weak<Shared>>>,
+    /// HTTP connections by MCP session id, to end them at once on `DELETE`.
+    by_mcp_session: Mutex<HashMap<String, std::sync::Weak<Shared>>>,
+    /// Set when the server stops taking calls.
+    closing: std::sync::atomic::AtomicBool,
+    in_flight: watch::Sender<usize>,
+}
+
+impl Hub {
+    pub(crate) fn new(
+        runtime: Arc<Runtime>,
+        options: &McpOptions,
+        http: bool,
+    ) -> anyhow::Result<Arc<Self>> {
+        let key = random_bytes(32)?;
+        let codec = RequestStateCodec::try_new(key)
+            .map_err(|e| anyhow::anyhow!("cannot set up the request-state key: {e}"))?;
+        let prefix = hex(&random_bytes(6)?);
+        Ok(Arc::new(Hub {
+            runtime,
+            rooting: Rooting::new(options)?,
+            resume: options.session.clone(),
+            http,
+            codec,
+            call_prefix: format!("mcp-{prefix}"),
+            next: AtomicU64::new(1),
+            peers: Mutex::default(),
+            sinks: Mutex::default(),
+            live: Mutex::default(),
+            by_mcp_session: Mutex::default(),
+            closing: Default::default(),
+            in_flight: watch::channel(0).0,
+        }))
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Forwards tool-list changes to every connection until the hub is dropped.
+    pub(crate) fn forward_tool_changes(
+        self: &Arc<Self>,
+        notifier: &ToolListNotifier,
+    ) -> JoinHandle<()> {
+        let mut changes = notifier.tx.subscribe();
+        let hub = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let Some(hub) = hub.upgrade() else { break };
+                let peers: Vec<Peer<RoleServer>> = lock(&hub.peers).values().cloned().collect();
+                let sinks: Vec<SubscriptionSink> = lock(&hub.sinks).clone();
+                drop(hub);
+                tracing::info!(
+                    connections = peers.len() + sinks.len(),
+                    "the tool list changed; telling every client"
+                );
+                for peer in peers {
+                    if let Err(e) = peer.notify_tool_list_changed().await {
+                        tracing::debug!("tools/list_changed not delivered: {e}");
+                    }
+                }
+                for sink in sinks {
+                    if let Err(e) = sink.notify_tool_list_changed().await {
+                        tracing::debug!("tools/list_changed not delivered to a subscription: {e}");
+                    }
+                }
+            }
+        })
+    }
+
+    /// Whether the server stopped taking calls.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// The client ended MCP session `id` (HTTP `DELETE`): its calls are cancelled now (a
+    /// running command is killed) rather than when the transport has drained.
+    pub(crate) fn end_mcp_session(&self, id: &str) {
+        let shared = lock(&self.by_mcp_session)
+            .remove(id)
+            .and_then(|w| w.upgrade());
+        if let Some(shared) = shared {
+            let cancelled = std::mem::take(&mut *lock(&shared.cancels)).len();
+            if cancelled > 0 {
+                tracing::info!(
+                    calls = cancelled,
+                    "the client ended its session; cancelled its calls in flight"
+                );
+            }
+        }
+    }
+
+    /// Stops taking calls, waits until the calls in flight finish or `give_up` resolves,
+    /// then cancels what remains (a running command is killed). Returns how many were
+    /// cancelled.
+    pub(crate) async fn drain(&self, give_up: impl std::future::Future<Output = ()>) -> usize {
+        self.closing.store(true, Ordering::SeqCst);
+        let mut count = self.in_flight.subscribe();
+        let running = *count.borrow();
+        if running > 0 {
+            tracing::info!(calls = running, "waiting for the calls in flight");
+        }
+        tokio::select! {
+            _ = count.wait_for(|n| *n == 0) => {}
+            () = give_up => {}
+        }
+        let live: Vec<Arc<Shared>> = lock(&self.live)
+            .values()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        let mut cancelled = 0;
+        for shared in live {
+            let calls = std::mem::take(&mut *lock(&shared.cancels));
+            cancelled += calls.len();
+        }
+        if cancelled > 0 {
+            tracing::warn!(
+                calls = cancelled,
+                "cancelled the calls still running at shutdown"
+            );
+            // Their answers (cancelled results) go out before the connections close.
+            let _ = tokio::time::timeout(ANSWER_GRACE, count.wait_for(|n| *n == 0)).await;
+        }
+        cancelled
+    }
+}
+
+/// Counts a call in flight while it lives.
+struct InFlight<'a>(&'a watch::Sender<usize>);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a watch::Sender<usize>) -> Self {
+        counter.send_modify(|n| *n += 1);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A shutdown request: resolves when the server is to stop taking calls, with the future
+/// after which the calls still in flight are cancelled.
+pub trait Shutdown: std::future::Future<Output = Self::GiveUp> {
+    /// Resolves when the calls in flight have had their time.
+    type GiveUp: std::future::Future<Output = ()>;
+}
+
+impl<F, G> Shutdown for F
+where
+    F: std::future::Future<Output = G>,
+    G: std::future::Future<Output = ()>,
+{
+    type GiveUp = G;
+}
+
+/// Never shuts down.
+fn never() -> impl Shutdown {
+    std::future::pending::<std::future::Ready<()>>()
+}
+
+/// Serves the runtime's tools over stdin/stdout until the client disconnects.
+pub async fn serve_stdio(runtime: Arc<Runtime>, options: McpOptions) -> anyhow::Result<()> {
+    serve_stdio_with(runtime, options, ToolListNotifier::default(), never()).await
+}
+
+/// [`serve_stdio`], with a notifier the host keeps to announce tool-list changes, until the
+/// client disconnects or `shutdown` resolves (then the calls in flight may finish until
+/// its give-up future resolves, and are cancelled after).
 pub async fn serve_stdio_with(
     runtime: Arc<Runtime>,
     options: McpOptions,
     notifier: ToolListNotifier,
+    shutdown: impl Shutdown,
 ) -> anyhow::Result<()> {
-    serve_connection(runtime, options, notifier, protocol_stdio).await
+    serve_connection(runtime, options, notifier, protocol_stdio, shutdown).await
 }
 
 /// Serves one connection over `input` and `output` (newline-delimited JSON-RPC) exactly as
@@ -109,29 +406,46 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    serve_connection(runtime, options, notifier, move || Ok((input, output))).await
+    serve_connection(
+        runtime,
+        options,
+        notifier,
+        move || Ok((input, output)),
+        never(),
+    )
+    .await
 }
 
-/// One connection: its session is opened and bound for approvals before `io` is set up.
+/// One connection. A session to resume is opened before `io` is set up; a new one when the
+/// first call needs it (rooted where the client says, see [`Rooting`]).
 async fn serve_connection<R, W>(
     runtime: Arc<Runtime>,
     options: McpOptions,
     notifier: ToolListNotifier,
     io: impl FnOnce() -> anyhow::Result<(R, W)>,
+    shutdown: impl Shutdown,
 ) -> anyhow::Result<()>
 where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let session = open_session(&runtime, &options)?;
-    tracing::info!(session = %session.id, cwd = %session.cwd.display(), "mcp session");
-    let server = McpServer::new(runtime.clone(), session.clone())?;
-    runtime.host.approvals.bind(&session.id, server.asker());
+    let hub = Hub::new(runtime, &options, false)?;
+    let server = McpServer::attach(hub.clone());
+    if let Some(id) = &hub.resume {
+        let session = hub
+            .runtime
+            .host
+            .sessions
+            .get(id)
+            .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session"))?;
+        server.adopt(session, "resuming the session".into());
+    }
+    let forward = hub.forward_tool_changes(&notifier);
     let result = match io() {
-        Ok(io) => serve(server, notifier, io).await,
+        Ok(io) => serve(server, &hub, io, shutdown).await,
         Err(e) => Err(e),
     };
-    runtime.host.approvals.unbind(&session.id);
+    forward.abort();
     result
 }
 
@@ -182,14 +496,14 @@ fn protocol_stdio() -> anyhow::Result<(Input, Output)> {
 
 async fn serve<R, W>(
     server: McpServer,
-    notifier: ToolListNotifier,
+    hub: &Hub,
     io: (R, W),
+    shutdown: impl Shutdown,
 ) -> anyhow::Result<()>
 where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let sinks = server.shared.sinks.clone();
     let shared = server.shared.clone();
     let (ended, input_ended) = tokio::sync::oneshot::channel();
     let io = (
@@ -199,7 +513,13 @@ where
         },
         io.1,
     );
-    let running = match server.serve(io).await {
+    tokio::pin!(shutdown);
+    let started = tokio::select! {
+        started = server.serve(io) => started,
+        // Nothing runs before the handshake: nothing to wait for.
+        _ = &mut shutdown => return Ok(()),
+    };
+    let running = match started {
         Ok(r) => r,
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
             // The client went away before initializing (or stdin was empty): nothing to serve.
@@ -208,20 +528,16 @@ where
         }
         Err(e) => return Err(anyhow::Error::new(e).context("failed to start the mcp server")),
     };
-    let peer = running.peer().clone();
-    let mut changes = notifier.tx.subscribe();
-    let forward = tokio::spawn(async move {
-        while changes.changed().await.is_ok() {
-            announce_tools_changed(&peer, &sinks).await;
-        }
-    });
     let waiting = running.waiting();
     tokio::pin!(waiting);
     let quit = tokio::select! {
         quit = &mut waiting => Some(quit),
         Ok(()) = input_ended => None,
+        give_up = &mut shutdown => {
+            hub.drain(give_up).await;
+            return Ok(());
+        }
     };
-    forward.abort();
     match quit {
         Some(quit) => {
             quit.context("the mcp connection failed")?;
@@ -265,40 +581,12 @@ impl<R: AsyncRead + Unpin> AsyncRead for EndOfInput<R> {
     }
 }
 
-async fn announce_tools_changed(peer: &Peer<RoleServer>, sinks: &Mutex<Vec<SubscriptionSink>>) {
-    if peer.peer_info().is_some() {
-        if let Err(e) = peer.notify_tool_list_changed().await {
-            tracing::debug!("tools/list_changed not delivered: {e}");
-        }
-    }
-    let sinks: Vec<SubscriptionSink> = lock(sinks).clone();
-    for sink in sinks {
-        if let Err(e) = sink.notify_tool_list_changed().await {
-            tracing::debug!("tools/list_changed not delivered to a subscription: {e}");
-        }
-    }
-}
-
-fn open_session(runtime: &Runtime, options: &McpOptions) -> anyhow::Result<SessionInfo> {
-    let sessions = &runtime.host.sessions;
-    match &options.session {
-        Some(id) => sessions
-            .get(id)
-            .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session")),
-        None => {
-            let cwd = match &options.cwd {
-                Some(cwd) => cwd.clone(),
-                None => std::env::current_dir().context("cannot read the current directory")?,
-            };
-            sessions
-                .create(&cwd)
-                .with_context(|| format!("failed to create a session rooted at {}", cwd.display()))
-        }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An approval request from a tool thread, waiting for its answer.
@@ -313,12 +601,12 @@ impl Ask {
     }
 }
 
-/// A close-on-exec pipe: (read end, write end).
-fn cancel_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+/// A close-on-exec pipe with `flags` (e.g. `O_NONBLOCK`): (read end, write end).
+fn pipe(flags: i32) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     use std::os::fd::FromRawFd;
     let mut fds = [-1; 2];
     // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: both descriptors were just created and are owned by nobody else.
@@ -333,12 +621,54 @@ fn cancel_pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)
 /// What a tool thread hands back: its result and the model context right after it.
 type Finished = (Result<ToolResult, UnknownTool>, String);
 
+/// A call's progress reports, one JSON line each ([`cordis_sdk::Progress`]).
+type Feed = tokio::io::Lines<BufReader<tokio::net::unix::pipe::Receiver>>;
+
 /// A tool call in flight.
 struct Running {
     call_id: String,
+    /// The session it runs in.
+    session: String,
     tool: String,
     join: JoinHandle<Finished>,
     asks: mpsc::UnboundedReceiver<Ask>,
+    started: Instant,
+    /// The tool's progress reports, while it may send any.
+    feed: Option<Feed>,
+    /// The output it last reported.
+    output_bytes: Option<u64>,
+}
+
+/// The next report of `feed`; `None` at its end.
+async fn next_line(feed: &mut Option<Feed>) -> Option<String> {
+    match feed {
+        Some(lines) => lines.next_line().await.ok().flatten(),
+        None => None,
+    }
+}
+
+/// Tells the client how `running` is getting on: the seconds since it started (the
+/// progress, always increasing) and what it is doing.
+async fn report(
+    context: &RequestContext<RoleServer>,
+    token: Option<&ProgressToken>,
+    running: &Running,
+    doing: &str,
+) {
+    let Some(token) = token else { return };
+    let elapsed = running.started.elapsed().as_secs_f64();
+    let message = match running.output_bytes {
+        Some(bytes) => format!(
+            "{}: {doing} for {elapsed:.0} s, {bytes} bytes of output",
+            running.tool
+        ),
+        None => format!("{}: {doing} for {elapsed:.0} s", running.tool),
+    };
+    let param =
+        ProgressNotificationParam::new(token.clone(), elapsed.floor()).with_message(message);
+    if let Err(e) = context.peer.notify_progress(param).await {
+        tracing::debug!("progress not delivered: {e}");
+    }
 }
 
 /// A call waiting for the client's retry with an approval answer.
@@ -354,26 +684,51 @@ struct ParkState {
     call: String,
 }
 
+/// One connection (on HTTP: one MCP session) and its cordis session.
 struct Shared {
-    runtime: Arc<Runtime>,
-    session: SessionInfo,
+    hub: Arc<Hub>,
+    /// The connection's id in the hub.
+    id: u64,
+    /// The cordis session, once the first call (or `--session`) settled it.
+    session: tokio::sync::OnceCell<SessionInfo>,
     /// Per call id: where that call's approval requests go.
     calls: Mutex<HashMap<String, mpsc::UnboundedSender<Ask>>>,
     /// Per running call id: the write end of its cancel pipe. Removing it cancels the call
     /// (the tool sees end of file on `CallContext::cancel_fd`).
     cancels: Mutex<HashMap<String, std::os::fd::OwnedFd>>,
     parked: Mutex<HashMap<u64, Parked>>,
-    codec: RequestStateCodec,
     /// The model context the client was last shown.
     shown: Mutex<String>,
-    call_prefix: String,
-    next: AtomicU64,
-    sinks: Arc<Mutex<Vec<SubscriptionSink>>>,
+    /// The MCP session id (HTTP), once a request carried it.
+    mcp_session: std::sync::OnceLock<String>,
+}
+
+impl Drop for Shared {
+    /// The connection ended (on HTTP: `DELETE`, idle timeout or shutdown): its calls are
+    /// cancelled (the cancel pipes close with the map) and its approvals unbound.
+    fn drop(&mut self) {
+        lock(&self.hub.peers).remove(&self.id);
+        lock(&self.hub.live).remove(&self.id);
+        if let Some(id) = self.mcp_session.get() {
+            lock(&self.hub.by_mcp_session).remove(id);
+        }
+        let calls = lock(&self.cancels).len();
+        if let Some(session) = self.session.get() {
+            self.hub.runtime.host.approvals.unbind(&session.id);
+            if self.hub.http {
+                tracing::info!(
+                    session = %session.id,
+                    cancelled = calls,
+                    "mcp session ended"
+                );
+            }
+        }
+    }
 }
 
 /// The MCP handler of one connection.
 #[derive(Clone)]
-struct McpServer {
+pub(crate) struct McpServer {
     shared: Arc<Shared>,
 }
 
@@ -382,33 +737,85 @@ fn random_bytes(n: usize) -> anyhow::Result<Vec<u8>> {
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
-        .context("cannot read random bytes for the request-state key")?;
+        .context("cannot read random bytes")?;
     Ok(buf)
 }
 
 impl McpServer {
-    fn new(runtime: Arc<Runtime>, session: SessionInfo) -> anyhow::Result<Self> {
-        let key = random_bytes(32)?;
-        let codec = RequestStateCodec::try_new(key)
-            .map_err(|e| anyhow::anyhow!("cannot set up the request-state key: {e}"))?;
-        let prefix: String = random_bytes(6)?
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(McpServer {
-            shared: Arc::new(Shared {
-                runtime,
-                session,
-                calls: Mutex::default(),
-                cancels: Mutex::default(),
-                parked: Mutex::default(),
-                codec,
-                shown: Mutex::default(),
-                call_prefix: format!("mcp-{prefix}"),
-                next: AtomicU64::new(1),
-                sinks: Arc::default(),
-            }),
-        })
+    /// A handler for a new connection of `hub`; cheap (the HTTP transport makes one per
+    /// session, and one per stateless request).
+    pub(crate) fn attach(hub: Arc<Hub>) -> Self {
+        let id = hub.next_id();
+        let shared = Arc::new(Shared {
+            hub,
+            id,
+            session: tokio::sync::OnceCell::new(),
+            calls: Mutex::default(),
+            cancels: Mutex::default(),
+            parked: Mutex::default(),
+            shown: Mutex::default(),
+            mcp_session: std::sync::OnceLock::new(),
+        });
+        lock(&shared.hub.live).insert(id, Arc::downgrade(&shared));
+        McpServer { shared }
+    }
+
+    /// Learns the MCP session id from a request's HTTP headers (not on the `initialize`
+    /// request: its answer assigns the id).
+    fn learn_mcp_session(&self, extensions: &rmcp::model::Extensions) {
+        if self.shared.mcp_session.get().is_some() {
+            return;
+        }
+        let id = extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok());
+        if let Some(id) = id {
+            if self.shared.mcp_session.set(id.to_string()).is_ok() {
+                lock(&self.shared.hub.by_mcp_session)
+                    .insert(id.to_string(), Arc::downgrade(&self.shared));
+            }
+        }
+    }
+
+    fn runtime(&self) -> &Runtime {
+        &self.shared.hub.runtime
+    }
+
+    /// Makes `session` (one to resume) this connection's session.
+    fn adopt(&self, session: SessionInfo, why: String) {
+        let session = self.bind(session, why);
+        let _ = self.shared.session.set(session);
+    }
+
+    /// The connection's session: settled by the first call, rooted at the client's first
+    /// root when it supports roots and that root is allowed.
+    async fn session(&self, context: &RequestContext<RoleServer>) -> Result<SessionInfo, String> {
+        self.shared
+            .session
+            .get_or_try_init(|| async {
+                let roots = client_roots(context).await;
+                let (root, why) = self.shared.hub.rooting.choose(roots);
+                let session = self.runtime().host.sessions.create(&root).map_err(|e| {
+                    format!(
+                        "failed to create a session rooted at {}: {e}",
+                        root.display()
+                    )
+                })?;
+                Ok::<_, String>(self.bind(session, why))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Binds `session` for approvals (asked through this connection), and says so.
+    fn bind(&self, session: SessionInfo, why: String) -> SessionInfo {
+        tracing::info!(session = %session.id, cwd = %session.cwd.display(), "mcp session: {why}");
+        self.runtime()
+            .host
+            .approvals
+            .bind(&session.id, self.asker());
+        session
     }
 
     /// The asker bound to this connection's session: hands the request to the `tools/call`
@@ -435,10 +842,10 @@ impl McpServer {
         })
     }
 
+    /// The model context of this connection's session (the default one before it starts).
     fn context_now(&self) -> String {
-        self.shared
-            .runtime
-            .model_context(Some(&self.shared.session.id))
+        let session = self.shared.session.get().map(|s| s.id.as_str());
+        self.runtime().model_context(session)
     }
 
     /// Records the context sent with `initialize`/`discover` as shown.
@@ -447,15 +854,21 @@ impl McpServer {
     }
 
     fn next_id(&self) -> u64 {
-        self.shared.next.fetch_add(1, Ordering::Relaxed)
+        self.shared.hub.next_id()
     }
 
-    fn start_call(&self, tool: String, args: serde_json::Value) -> Running {
-        let call_id = format!("{}-{}", self.shared.call_prefix, self.next_id());
+    fn start_call(
+        &self,
+        session: &SessionInfo,
+        tool: String,
+        args: serde_json::Value,
+        with_progress: bool,
+    ) -> Running {
+        let call_id = format!("{}-{}", self.shared.hub.call_prefix, self.next_id());
         let (tx, asks) = mpsc::unbounded_channel();
         lock(&self.shared.calls).insert(call_id.clone(), tx);
         // The read end lives as long as the call; the write end as long as nobody cancels.
-        let cancel_rd = match cancel_pipe() {
+        let cancel_rd = match pipe(0) {
             Ok((rd, wr)) => {
                 lock(&self.shared.cancels).insert(call_id.clone(), wr);
                 Some(rd)
@@ -465,12 +878,28 @@ impl McpServer {
                 None
             }
         };
+        // The tool reports on the write end while it runs; it closes when the call ends.
+        let (feed, progress_wr) = match with_progress.then(|| pipe(libc::O_NONBLOCK)) {
+            Some(Ok((rd, wr))) => match tokio::net::unix::pipe::Receiver::from_owned_fd(rd) {
+                Ok(rd) => (Some(BufReader::new(rd).lines()), Some(wr)),
+                Err(e) => {
+                    tracing::warn!("cannot watch a progress pipe: {e}");
+                    (None, None)
+                }
+            },
+            Some(Err(e)) => {
+                tracing::warn!("cannot create a progress pipe: {e}");
+                (None, None)
+            }
+            None => (None, None),
+        };
         let call = CallContext {
-            session: self.shared.session.clone(),
+            session: session.clone(),
             call_id: call_id.clone(),
             cancel_fd: cancel_rd.as_ref().map(|fd| fd.as_raw_fd()),
+            progress_fd: progress_wr.as_ref().map(|fd| fd.as_raw_fd()),
         };
-        let runtime = self.shared.runtime.clone();
+        let runtime = self.shared.hub.runtime.clone();
         let shared = Arc::downgrade(&self.shared);
         let name = tool.clone();
         let join = tokio::task::spawn_blocking(move || {
@@ -480,24 +909,35 @@ impl McpServer {
                 lock(&shared.cancels).remove(&call.call_id);
             }
             drop(cancel_rd);
+            drop(progress_wr);
             (result, context)
         });
         Running {
             call_id,
+            session: session.id.clone(),
             tool,
             join,
             asks,
+            started: Instant::now(),
+            feed,
+            output_bytes: None,
         }
     }
 
     /// Drives a call to its result, answering its approval requests on the way; on a
-    /// 2026-07-28 connection an approval parks the call and returns `input_required`.
+    /// 2026-07-28 connection an approval parks the call and returns `input_required`. With
+    /// a progress token, the client hears how the call is getting on every
+    /// [`PROGRESS_EVERY`] (also while an approval is pending).
     async fn drive(
         &self,
         mut running: Running,
         args: &serde_json::Value,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
+        let token = context.meta.get_progress_token();
+        let mut ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 finished = &mut running.join => {
@@ -510,16 +950,38 @@ impl McpServer {
                     } else if is_modern(context) {
                         match self.park(running, ask, args) {
                             Ok(input) => return input.into(),
-                            Err(text) => return CallToolResult::error(vec![ContentBlock::text(text)]).into(),
+                            Err(text) => return error_result(text),
                         }
                     } else {
-                        let outcome = elicit_now(&context.peer, &ask.request).await;
+                        let outcome = {
+                            let asking = elicit_now(&context.peer, &ask.request);
+                            tokio::pin!(asking);
+                            loop {
+                                tokio::select! {
+                                    outcome = &mut asking => break outcome,
+                                    _ = ticker.tick(), if token.is_some() => {
+                                        report(context, token.as_ref(), &running, "waiting for approval").await;
+                                    }
+                                }
+                            }
+                        };
                         ask.answer(outcome);
                     }
                 }
+                line = next_line(&mut running.feed), if running.feed.is_some() => match line {
+                    Some(line) => {
+                        if let Ok(p) = serde_json::from_str::<cordis_sdk::Progress>(&line) {
+                            running.output_bytes = p.output_bytes.or(running.output_bytes);
+                        }
+                    }
+                    None => running.feed = None,
+                },
+                _ = ticker.tick(), if token.is_some() => {
+                    report(context, token.as_ref(), &running, "running").await;
+                }
                 _ = context.ct.cancelled() => {
                     self.detach(running, ApprovalOutcome::Cancelled);
-                    return CallToolResult::error(vec![ContentBlock::text("the call was cancelled by the client")]).into();
+                    return error_result("the call was cancelled by the client".into());
                 }
             }
         }
@@ -543,8 +1005,8 @@ impl McpServer {
         });
     }
 
-    fn binding(&self, tool: &str, args: &serde_json::Value) -> Vec<u8> {
-        format!("{}\0{}\0{}", self.shared.session.id, tool, args).into_bytes()
+    fn binding(&self, session: &str, tool: &str, args: &serde_json::Value) -> Vec<u8> {
+        format!("{session}\0{tool}\0{args}").into_bytes()
     }
 
     fn park(
@@ -563,8 +1025,8 @@ impl McpServer {
             }
         };
         let park = self.next_id();
-        let binding = self.binding(&running.tool, args);
-        let state = self.shared.codec.seal_json_with(
+        let binding = self.binding(&running.session, &running.tool, args);
+        let state = self.shared.hub.codec.seal_json_with(
             &ParkState {
                 park,
                 call: running.call_id.clone(),
@@ -580,9 +1042,12 @@ impl McpServer {
             }
         };
         lock(&self.shared.parked).insert(park, Parked { running, ask });
-        let me = self.clone();
+        // Weak: a parked call does not keep its connection alive.
+        let me = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
             tokio::time::sleep(PARK_TTL).await;
+            let Some(shared) = me.upgrade() else { return };
+            let me = McpServer { shared };
             let expired = lock(&me.shared.parked).remove(&park);
             if let Some(p) = expired {
                 p.ask.answer(ApprovalOutcome::Cancelled);
@@ -597,13 +1062,14 @@ impl McpServer {
     /// A retry carrying `requestState`: answer the parked approval it names and go on.
     async fn resume(
         &self,
+        session: &SessionInfo,
         request: &CallToolRequestParams,
         state: &str,
         args: &serde_json::Value,
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
-        let binding = self.binding(&request.name, args);
-        let opened: Result<ParkState, _> = self.shared.codec.open_json_with(state, &binding);
+        let binding = self.binding(&session.id, &request.name, args);
+        let opened: Result<ParkState, _> = self.shared.hub.codec.open_json_with(state, &binding);
         let state = match opened {
             Ok(s) => s,
             Err(e) => {
@@ -642,10 +1108,10 @@ impl McpServer {
         tool: &str,
         finished: Result<Finished, tokio::task::JoinError>,
     ) -> CallToolResult {
-        let (is_error, text, context) = match finished {
-            Ok((Ok(r), context)) => (r.is_error, r.text, Some(context)),
-            Ok((Err(unknown), context)) => (true, unknown.to_string(), Some(context)),
-            Err(e) => (true, format!("tool `{tool}` failed: {e}"), None),
+        let (is_error, text, structured, context) = match finished {
+            Ok((Ok(r), context)) => (r.is_error, r.text, r.structured, Some(context)),
+            Ok((Err(unknown), context)) => (true, unknown.to_string(), None, Some(context)),
+            Err(e) => (true, format!("tool `{tool}` failed: {e}"), None, None),
         };
         let mut content = vec![ContentBlock::text(text)];
         if let Some(context) = context {
@@ -657,16 +1123,41 @@ impl McpServer {
                 *shown = context;
             }
         }
-        if is_error {
+        let mut result = if is_error {
             CallToolResult::error(content)
         } else {
             CallToolResult::success(content)
-        }
+        };
+        result.structured_content = structured;
+        result
     }
 }
 
 fn error_result(text: String) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text)]).into()
+}
+
+/// The URIs of the client's roots, when it supports roots and is asked in a handshake-era
+/// connection (2026-07-28 has no server-to-client requests); `Err` says why there are none.
+#[allow(deprecated)] // roots/list is deprecated in 2026-07-28, current before it
+async fn client_roots(context: &RequestContext<RoleServer>) -> Result<Vec<String>, String> {
+    /// How long the client has to list its roots.
+    const ROOTS_TIMEOUT: Duration = Duration::from_secs(10);
+    let supports = context
+        .client_capabilities()
+        .is_some_and(|c| c.roots.is_some());
+    if !supports || is_modern(context) {
+        return Err("the client does not offer roots".into());
+    }
+    let listed = tokio::time::timeout(ROOTS_TIMEOUT, context.peer.list_roots()).await;
+    match listed {
+        Ok(Ok(list)) => Ok(list.roots.into_iter().map(|r| r.uri).collect()),
+        Ok(Err(e)) => Err(format!("the client's roots/list failed ({e})")),
+        Err(_) => Err(format!(
+            "the client did not answer roots/list within {} s",
+            ROOTS_TIMEOUT.as_secs()
+        )),
+    }
 }
 
 fn is_modern(context: &RequestContext<RoleServer>) -> bool {
@@ -762,7 +1253,17 @@ fn as_tool(info: cordis_engine::runtime::ToolInfo) -> Tool {
             o
         }
     };
-    Tool::new(info.name, info.description, Arc::new(schema))
+    let mut tool = Tool::new(info.name, info.description, Arc::new(schema));
+    if let Some(annotations) = info
+        .annotations
+        .and_then(|a| serde_json::from_value::<ToolAnnotations>(a).ok())
+    {
+        tool = tool.with_annotations(annotations);
+    }
+    if let Some(serde_json::Value::Object(schema)) = info.output_schema {
+        tool = tool.with_raw_output_schema(Arc::new(schema));
+    }
+    tool
 }
 
 impl ServerHandler for McpServer {
@@ -789,6 +1290,7 @@ impl ServerHandler for McpServer {
         context.peer.set_peer_info(request.clone());
         let result = self.negotiate_initialize(&request)?;
         self.mark_shown(result.instructions.as_deref());
+        lock(&self.shared.hub.peers).insert(self.shared.id, context.peer.clone());
         Ok(result)
     }
 
@@ -804,18 +1306,40 @@ impl ServerHandler for McpServer {
         ))
     }
 
+    /// Over HTTP only the handshake-era versions: a cordis session is an MCP session, which
+    /// 2026-07-28 does without (its requests are stateless). A client that probes with
+    /// `server/discover` sees no modern version and falls back to `initialize`.
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        if self.shared.hub.http {
+            ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE).into()
+        } else {
+            ProtocolVersion::KNOWN_VERSIONS.into()
+        }
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.learn_mcp_session(&context.extensions);
+    }
+
+    async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
+        match self.shared.session.get() {
+            Some(session) => tracing::info!(
+                session = %session.id,
+                "the client's roots changed; the session stays rooted at {} (a session's root is pinned when it starts)",
+                session.cwd.display()
+            ),
+            None => tracing::info!(
+                "the client's roots changed; the session root is read at the first call"
+            ),
+        }
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = self
-            .shared
-            .runtime
-            .tools()
-            .into_iter()
-            .map(as_tool)
-            .collect();
+        let tools = self.runtime().tools().into_iter().map(as_tool).collect();
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -824,11 +1348,37 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let hub = &self.shared.hub;
+        if hub.http && is_modern(&context) {
+            return Ok(error_result(
+                "cordis serves MCP over HTTP in sessions, one cordis session per MCP session: connect with the `initialize` handshake (protocol 2025-11-25) instead of stateless 2026-07-28 requests".into(),
+            ));
+        }
+        if hub.is_closing() {
+            return Ok(error_result(
+                "the server is shutting down and takes no new calls; reconnect when it is back"
+                    .into(),
+            ));
+        }
+        let _in_flight = InFlight::enter(&hub.in_flight);
+        self.learn_mcp_session(&context.extensions);
+        let session = match self.session(&context).await {
+            Ok(s) => s,
+            Err(e) => return Ok(error_result(e)),
+        };
         let args = serde_json::Value::Object(request.arguments.clone().unwrap_or_default());
         if let Some(state) = request.request_state.clone() {
-            return Ok(self.resume(&request, &state, &args, &context).await);
+            return Ok(self
+                .resume(&session, &request, &state, &args, &context)
+                .await);
         }
-        let running = self.start_call(request.name.to_string(), args.clone());
+        let with_progress = context.meta.get_progress_token().is_some();
+        let running = self.start_call(
+            &session,
+            request.name.to_string(),
+            args.clone(),
+            with_progress,
+        );
         Ok(self.drive(running, &args, &context).await)
     }
 
@@ -843,9 +1393,9 @@ impl ServerHandler for McpServer {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let sink = context.sink().clone();
         let id = sink.id().clone();
-        lock(&self.shared.sinks).push(sink);
+        lock(&self.shared.hub.sinks).push(sink);
         context.cancelled().await;
-        lock(&self.shared.sinks).retain(|s| *s.id() != id);
+        lock(&self.shared.hub.sinks).retain(|s| *s.id() != id);
         Ok(())
     }
 }

@@ -40,6 +40,9 @@ pub struct ToolSlot {
     pub decl: ToolDecl,
     /// The handler.
     pub handle: ToolBox,
+    /// What the plugin declared besides the decl: `annotations` and `outputSchema` (a
+    /// JSON object; empty for a tool registered without them).
+    pub extras: serde_json::Map<String, serde_json::Value>,
     /// The entry that registered it.
     pub entry: String,
 }
@@ -51,11 +54,14 @@ impl ToolSlot {
         let args = args.to_string();
         match self
             .handle
-            .call(RStr::from(context.as_str()), RStr::from(args.as_str()))
+            .call_structured(RStr::from(context.as_str()), RStr::from(args.as_str()))
         {
             RResult::ROk(out) => ToolResult {
                 is_error: out.is_error,
                 text: out.text.into(),
+                structured: (!out.structured.is_empty())
+                    .then(|| serde_json::from_str(&out.structured).ok())
+                    .flatten(),
             },
             RResult::RErr(e) => {
                 let e = cordis_sdk::Error::from(e);
@@ -409,7 +415,37 @@ impl HostCtxObj for ApplyCtx<'_> {
     }
 
     fn register_tool(&mut self, decl: ToolDecl, tool: ToolBox) -> RResult<(), RError> {
+        self.register_tool_with(decl, RStr::from("{}"), tool)
+    }
+
+    fn register_tool_with(
+        &mut self,
+        decl: ToolDecl,
+        extras: RStr<'_>,
+        tool: ToolBox,
+    ) -> RResult<(), RError> {
         let name = decl.name.to_string();
+        let extras = match serde_json::from_str::<serde_json::Value>(extras.as_str()) {
+            Ok(serde_json::Value::Object(extras)) => extras,
+            _ => {
+                return RResult::RErr(rerr(
+                    "BAD_TOOL_EXTRAS",
+                    format!(
+                        "tool `{name}`: its annotations and output schema are not a JSON object"
+                    ),
+                    Some("register the tool with the cordis-sdk's `register_tool_with`".into()),
+                ))
+            }
+        };
+        if let Some(schema) = extras.get("outputSchema") {
+            if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+                return RResult::RErr(rerr(
+                    "BAD_TOOL_EXTRAS",
+                    format!("tool `{name}`: its output schema must describe an object (`\"type\": \"object\"`)"),
+                    Some("MCP structured content is a JSON object; wrap other values in one".into()),
+                ));
+            }
+        }
         if let Some(existing) = self.registry.tools.get(&name) {
             return RResult::RErr(rerr(
                 "DUPLICATE_TOOL",
@@ -425,6 +461,7 @@ impl HostCtxObj for ApplyCtx<'_> {
             ToolSlot {
                 decl,
                 handle: tool,
+                extras,
                 entry: self.planned.entry.id.clone(),
             },
         );

@@ -27,6 +27,26 @@ pub struct ToolInfo {
     pub description: String,
     /// JSON Schema of its input.
     pub input_schema: serde_json::Value,
+    /// The MCP tool annotations the plugin declared (a JSON object), if any.
+    pub annotations: Option<serde_json::Value>,
+    /// The JSON Schema of its structured content, if it has any.
+    pub output_schema: Option<serde_json::Value>,
+}
+
+/// Every tool of `registry` as a front-end lists it, sorted by name.
+fn tool_infos(registry: &Registry) -> Vec<ToolInfo> {
+    registry
+        .tools
+        .values()
+        .map(|t| ToolInfo {
+            name: t.decl.name.to_string(),
+            description: t.decl.description.to_string(),
+            input_schema: serde_json::from_str(&t.decl.input_schema)
+                .unwrap_or_else(|_| serde_json::json!({ "type": "object" })),
+            annotations: t.extras.get("annotations").cloned(),
+            output_schema: t.extras.get("outputSchema").cloned(),
+        })
+        .collect()
 }
 
 /// The applied composition.
@@ -265,7 +285,7 @@ impl Runtime {
             .iter()
             .filter(|p| restart.contains(&p.entry.id) || report.added.contains(&p.entry.id))
             .collect();
-        let tools_before: Vec<String> = c.registry.tools.keys().cloned().collect();
+        let tools_before = tool_infos(&c.registry);
         for id in &to_dispose {
             c.registry.dispose_entry(id);
         }
@@ -303,7 +323,7 @@ impl Runtime {
                 )
             })
             .collect();
-        report.tools_changed = tools_before != c.registry.tools.keys().cloned().collect::<Vec<_>>();
+        report.tools_changed = tools_before != tool_infos(&c.registry);
         *c = Composition {
             libraries: Arc::new(new_plan.entries.iter().map(|p| p.library.clone()).collect()),
             plan: new_plan,
@@ -331,17 +351,7 @@ impl Runtime {
 
     /// Every registered tool, sorted by name.
     pub fn tools(&self) -> Vec<ToolInfo> {
-        self.composition()
-            .registry
-            .tools
-            .values()
-            .map(|t| ToolInfo {
-                name: t.decl.name.to_string(),
-                description: t.decl.description.to_string(),
-                input_schema: serde_json::from_str(&t.decl.input_schema)
-                    .unwrap_or_else(|_| serde_json::json!({ "type": "object" })),
-            })
-            .collect()
+        tool_infos(&self.composition().registry)
     }
 
     /// Calls tool `name` in the session of `call`.

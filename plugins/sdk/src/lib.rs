@@ -81,6 +81,33 @@
 //!
 //! The crate `plugins/examples/example` in this repository is the same plugin as a full crate.
 //!
+//! # What a tool tells its clients
+//!
+//! Besides its name, description and input schema, a tool may declare MCP annotations
+//! (hints a client uses to decide what to ask a person; never a security boundary) and an
+//! output schema, and answer with structured content matching it besides its text. A
+//! long-running tool reports progress on [`CallContext::report_progress`]; the front-end
+//! turns the reports into progress notifications (it never blocks the tool):
+//!
+//! ```
+//! use cordis_sdk::{Progress, ToolAnnotations, ToolOptions, ToolResult};
+//!
+//! let options = ToolOptions::annotated(
+//!     ToolAnnotations::titled("Count lines").read_only(true).open_world(false),
+//! )
+//! .output_schema(serde_json::json!({
+//!     "type": "object",
+//!     "properties": { "lines": { "type": "integer" } },
+//!     "required": ["lines"],
+//! }));
+//! // In `apply`: ctx.register_tool_with(tool, options, |call, args| {
+//! //     call.report_progress(&Progress { output_bytes: Some(4096), message: None });
+//! //     ... });
+//! let result = ToolResult::ok("3 lines").with_structured(serde_json::json!({ "lines": 3 }));
+//! assert_eq!(result.structured.unwrap()["lines"], 3);
+//! # let _ = (options, Progress::default());
+//! ```
+//!
 //! # Versioning
 //!
 //! Two versions decide whether plugins and the host work together, and the host checks
@@ -97,13 +124,21 @@
 //! at least the host's, and its types' layouts are compatible with the host's (a newer SDK
 //! may only have added prefix fields). A library built against an older ABI is refused.
 //!
-//! **Compatible changes** (a patch release; plugins built before it keep loading):
-//! - a new field of [`abi::PluginMod`] or a new method of an `#[sabi_trait]` object *after*
-//!   its `#[sabi(last_prefix_field)]`; the host must treat it as optional (older plugins
-//!   lack it);
+//! **Compatible changes** (a library built before the change keeps loading and serving; a
+//! plugin built after it still runs on a host built before it, without the addition):
+//! - a new field of [`abi::PluginMod`] after its `#[sabi(last_prefix_field)]`; the host
+//!   must treat it as optional (older plugins lack it);
+//! - a new *defaulted* method appended to an `#[sabi_trait]` object: where the other side's
+//!   object lacks it, the default runs (e.g. [`abi::ToolObj::call_structured`] falls back to
+//!   `call`, [`abi::HostCtxObj::register_tool_with`] to `register_tool`);
 //! - a new service the host provides (a new interface in [`host`]), which plugins inject
 //!   with [`Metadata::injects_optional`] so they still load on a host without it;
 //! - anything that does not cross the boundary: new helpers, new author-side API, docs.
+//!
+//! Because the host refuses a library built against an earlier release of its ABI (the
+//! rule above, which is abi_stable's), a compatible change is not a reason to bump the
+//! version on its own: it ships with the next release, and libraries of the release they
+//! were built against keep loading until then.
 //!
 //! **Incompatible changes** (bump the ABI version: the minor for `0.x`, else the major):
 //! removing, renaming, reordering or retyping any field, variant or method in [`abi`],
@@ -182,7 +217,10 @@ mod plugin;
 mod service;
 
 pub use error::{codes, Error, Result};
-pub use plugin::{CallContext, Context, Metadata, Plugin, SessionInfo, Tool, ToolResult};
+pub use plugin::{
+    report_progress, CallContext, Context, Metadata, Plugin, Progress, SessionInfo, Tool,
+    ToolAnnotations, ToolOptions, ToolResult, MAX_PROGRESS_LINE,
+};
 pub use service::{decode_args, encode_result, serve, Interface, InterfaceMismatch, Service};
 
 pub use abi::Reconfigured;
@@ -195,8 +233,8 @@ pub use tracing;
 pub mod prelude {
     pub use crate::abi::Reconfigured;
     pub use crate::{
-        CallContext, Context, Error, Interface, Metadata, Plugin, Result, Service, SessionInfo,
-        Tool, ToolResult,
+        CallContext, Context, Error, Interface, Metadata, Plugin, Progress, Result, Service,
+        SessionInfo, Tool, ToolAnnotations, ToolOptions, ToolResult,
     };
     pub use schemars::JsonSchema;
     pub use serde::{Deserialize, Serialize};

@@ -15,7 +15,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::abi::{
     HostCtx, InjectDecl, InstanceBox, InstanceObj, InstanceObj_TO, LoggerBox, PluginMeta,
     PluginMod, PluginModRef, RError, Reconfigured, ServiceBox, ServiceDecl, ServiceObj,
-    ServiceObj_TO, ToolDecl, ToolObj, ToolObj_TO, ToolOutput,
+    ServiceObj_TO, ToolDecl, ToolObj, ToolObj_TO, ToolOutput, ToolReply,
 };
 use crate::error::{codes, from_panic, Error, Result};
 use crate::log::with_logger;
@@ -148,15 +148,78 @@ pub struct CallContext {
     /// command) polls it and stops. `None` when the front-end cannot cancel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_fd: Option<i32>,
+    /// A descriptor in this process, open for the whole call, where a long-running tool
+    /// may report how it is getting on ([`report_progress`]); the front-end turns the
+    /// reports into progress notifications for the client. `None` when nobody listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_fd: Option<i32>,
 }
 
-/// A tool's result: text for the model, and whether it is an error result.
+impl CallContext {
+    /// Reports progress on this call, when the front-end listens; never blocks.
+    pub fn report_progress(&self, progress: &Progress) {
+        if let Some(fd) = self.progress_fd {
+            report_progress(fd, progress);
+        }
+    }
+}
+
+/// How a running tool call is getting on, as it reports it ([`CallContext::report_progress`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Progress {
+    /// Output produced so far, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+    /// A short line for a person, e.g. `compiling 3/7`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The longest report line; shorter than `PIPE_BUF`, so a report is written whole or not
+/// at all.
+pub const MAX_PROGRESS_LINE: usize = 512;
+
+/// Writes one progress report to `fd` (a progress descriptor handed down from
+/// [`CallContext::progress_fd`], e.g. by a tool to the service that runs its command): one
+/// JSON line, written whole or not at all. A report the reader has no room for is dropped
+/// (the descriptor is non-blocking): progress is advisory and must never slow the call.
+pub fn report_progress(fd: i32, progress: &Progress) {
+    let mut progress = progress.clone();
+    if let Some(m) = &mut progress.message {
+        if m.len() > MAX_PROGRESS_LINE / 2 {
+            let mut end = MAX_PROGRESS_LINE / 2;
+            while !m.is_char_boundary(end) {
+                end -= 1;
+            }
+            m.truncate(end);
+        }
+    }
+    let Ok(mut line) = serde_json::to_vec(&progress) else {
+        return;
+    };
+    line.push(b'\n');
+    if line.len() > MAX_PROGRESS_LINE {
+        return;
+    }
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    // SAFETY: the descriptor is borrowed for one write and never closed here
+    // (`ManuallyDrop`); one that is not open fails with EBADF, ignored like a full pipe.
+    let mut out = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    let _ = out.write(&line);
+}
+
+/// A tool's result: text for the model, whether it is an error result, and optionally
+/// structured content matching the tool's output schema ([`ToolOptions::output_schema`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolResult {
     /// An error result (e.g. a denial): the call ran, the answer is "no".
     pub is_error: bool,
     /// What the model sees.
     pub text: String,
+    /// Structured content (a JSON object), for clients that read it; the text stays what
+    /// the model sees.
+    pub structured: Option<serde_json::Value>,
 }
 
 impl ToolResult {
@@ -165,6 +228,7 @@ impl ToolResult {
         ToolResult {
             is_error: false,
             text: text.into(),
+            structured: None,
         }
     }
 
@@ -173,7 +237,109 @@ impl ToolResult {
         ToolResult {
             is_error: true,
             text: text.into(),
+            structured: None,
         }
+    }
+
+    /// This result with structured content (a JSON object).
+    pub fn with_structured(mut self, value: serde_json::Value) -> Self {
+        self.structured = Some(value);
+        self
+    }
+}
+
+/// Hints for clients about what a tool does, as MCP tool annotations: a client uses them to
+/// decide what to ask a person before a call. They are hints, never a security boundary
+/// (the sandbox is).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolAnnotations {
+    /// A human-readable title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The tool does not change its environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_hint: Option<bool>,
+    /// The tool may destroy or overwrite (meaningful when not read-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+    /// Repeating a call with the same arguments has no further effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    /// The tool reaches an open world (the network), beyond a closed set of things.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_world_hint: Option<bool>,
+}
+
+impl ToolAnnotations {
+    /// Annotations with a title.
+    pub fn titled(title: impl Into<String>) -> Self {
+        ToolAnnotations {
+            title: Some(title.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the read-only hint.
+    pub fn read_only(mut self, yes: bool) -> Self {
+        self.read_only_hint = Some(yes);
+        self
+    }
+
+    /// Sets the destructive hint.
+    pub fn destructive(mut self, yes: bool) -> Self {
+        self.destructive_hint = Some(yes);
+        self
+    }
+
+    /// Sets the idempotent hint.
+    pub fn idempotent(mut self, yes: bool) -> Self {
+        self.idempotent_hint = Some(yes);
+        self
+    }
+
+    /// Sets the open-world hint.
+    pub fn open_world(mut self, yes: bool) -> Self {
+        self.open_world_hint = Some(yes);
+        self
+    }
+}
+
+/// What a tool declares besides its name, description and input
+/// ([`Context::register_tool_with`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolOptions {
+    /// Hints for clients.
+    pub annotations: Option<ToolAnnotations>,
+    /// The JSON Schema of the tool's structured content (an object schema).
+    pub output_schema: Option<serde_json::Value>,
+}
+
+impl ToolOptions {
+    /// Options with these annotations.
+    pub fn annotated(annotations: ToolAnnotations) -> Self {
+        ToolOptions {
+            annotations: Some(annotations),
+            output_schema: None,
+        }
+    }
+
+    /// Sets the output schema.
+    pub fn output_schema(mut self, schema: serde_json::Value) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    /// The extras as they cross the boundary.
+    fn to_json(&self) -> String {
+        let mut extras = serde_json::Map::new();
+        if let Some(a) = &self.annotations {
+            extras.insert("annotations".into(), serde_json::json!(a));
+        }
+        if let Some(s) = &self.output_schema {
+            extras.insert("outputSchema".into(), s.clone());
+        }
+        serde_json::Value::Object(extras).to_string()
     }
 }
 
@@ -198,6 +364,13 @@ struct ToolDispatcher {
 
 impl ToolObj for ToolDispatcher {
     fn call(&self, context: RStr<'_>, args: RStr<'_>) -> RResult<ToolOutput, RError> {
+        self.call_structured(context, args).map(|r| ToolOutput {
+            is_error: r.is_error,
+            text: r.text,
+        })
+    }
+
+    fn call_structured(&self, context: RStr<'_>, args: RStr<'_>) -> RResult<ToolReply, RError> {
         let run = || -> Result<ToolResult> {
             let context: CallContext = serde_json::from_str(context.as_str())
                 .map_err(|e| Error::internal(format!("malformed call context: {e}")))?;
@@ -207,9 +380,14 @@ impl ToolObj for ToolDispatcher {
             (self.handler)(&context, args)
         };
         match with_logger(&self.logger, || catch_unwind(AssertUnwindSafe(run))) {
-            Ok(Ok(r)) => RResult::ROk(ToolOutput {
+            Ok(Ok(r)) => RResult::ROk(ToolReply {
                 is_error: r.is_error,
                 text: r.text.into(),
+                structured: r
+                    .structured
+                    .map(|v| v.to_string())
+                    .unwrap_or_default()
+                    .into(),
             }),
             Ok(Err(e)) => RResult::RErr(e.into()),
             Err(payload) => {
@@ -287,6 +465,19 @@ impl<'a> Context<'a> {
     where
         F: Fn(&CallContext, serde_json::Value) -> Result<ToolResult> + Send + Sync + 'static,
     {
+        self.register_tool_with(tool, ToolOptions::default(), handler)
+    }
+
+    /// Registers a tool with its annotations and output schema.
+    pub fn register_tool_with<F>(
+        &mut self,
+        tool: Tool,
+        options: ToolOptions,
+        handler: F,
+    ) -> Result<()>
+    where
+        F: Fn(&CallContext, serde_json::Value) -> Result<ToolResult> + Send + Sync + 'static,
+    {
         let declared = &self.metadata.tools;
         let allowed = declared
             .iter()
@@ -314,8 +505,9 @@ impl<'a> Context<'a> {
             }),
             TD_Opaque,
         );
+        let extras = options.to_json();
         self.host
-            .register_tool(decl, obj)
+            .register_tool_with(decl, RStr::from(extras.as_str()), obj)
             .into_result()
             .map_err(Error::from)
     }

@@ -492,6 +492,7 @@ impl Started {
             session: self.session.clone(),
             call_id: format!("cordis-test-{n}"),
             cancel_fd: None,
+            progress_fd: None,
         };
         self.registry
             .call_tool(name, &call, &args)

@@ -57,6 +57,7 @@ fn main() {
         output_limit: None,
         policy: Some(policy.clone()),
         cancel_fd: None,
+        progress_fd: None,
     };
     let request = |command: &str| request_with(command, &policy);
     for (group_name, command) in cases {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use cordis_sdk::host::{ApprovalClient, APPROVAL};
 use cordis_sdk::prelude::*;
-use dsh_sandbox::{SandboxPolicyClient, SANDBOX_POLICY};
+use dsh_sandbox::{ResolveArgs, SandboxPolicy, SandboxPolicyClient, SANDBOX_POLICY};
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, DEFAULT_TIMEOUT_MS, SHELL};
 use dsh_tool_core::args::BashArgs;
 use dsh_tool_core::{
@@ -73,6 +73,7 @@ impl BashTool {
                 output_limit: None,
                 policy: Some(policy),
                 cancel_fd: call.cancel_fd,
+                progress_fd: call.progress_fd,
             })
             .map_err(backend_error)?;
         let failed = result.exit_code != Some(0)
@@ -84,15 +85,48 @@ impl BashTool {
             // The backend flags its stderr with the marker; the answer leads with it once.
             let marker = format!("{}\n", dsh_sandbox::denial_marker(mode));
             result.stderr = result.stderr.replacen(&marker, "", 1);
-            return Ok(denial(mode, self.escalating, &render(&result, timeout_ms)));
+            let structured = structured(&result);
+            return Ok(denial(mode, self.escalating, &render(&result, timeout_ms))
+                .with_structured(structured));
         }
         let text = render(&result, timeout_ms);
         Ok(if failed {
             ToolResult::error(text)
         } else {
             ToolResult::ok(text)
-        })
+        }
+        .with_structured(structured(&result)))
     }
+}
+
+/// The result as structured content (see [`output_schema`]).
+fn structured(result: &ExecResult) -> serde_json::Value {
+    serde_json::json!({
+        "exit_code": result.exit_code,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "timed_out": result.timed_out,
+    })
+}
+
+/// The schema of [`structured`].
+fn output_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "exit_code": {
+                "type": ["integer", "null"],
+                "description": "The command's exit status; null when it was killed by a signal"
+            },
+            "stdout": { "type": "string", "description": "What the command wrote to stdout" },
+            "stderr": { "type": "string", "description": "What the command wrote to stderr" },
+            "timed_out": {
+                "type": "boolean",
+                "description": "Whether the command was killed at its timeout"
+            }
+        },
+        "required": ["exit_code", "stdout", "stderr", "timed_out"]
+    })
 }
 
 /// `dir` canonicalized, when it is an existing directory beneath the session root.
@@ -177,12 +211,32 @@ impl Plugin for ToolBashPlugin {
             approval: ctx.inject_optional(APPROVAL)?,
         };
         let escalating = Escalating::from_backend(shell.sandbox_mode(())?);
+        // An unconfined shell always reaches the network; a confined one when the policy
+        // lets it.
+        let network = escalating == Escalating::NotOffered
+            || calls
+                .policy
+                .resolve(ResolveArgs {
+                    session: None,
+                    mode: None,
+                })?
+                .network;
+        let options = ToolOptions::annotated(
+            ToolAnnotations::titled("Run bash")
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(network),
+        )
+        .output_schema(output_schema());
         let tool = BashTool {
             shell,
             calls,
             escalating,
         };
-        register(ctx, "bash", BASH, escalating, move |c, a| tool.bash(c, a))?;
+        register(ctx, "bash", BASH, escalating, options, move |c, a| {
+            tool.bash(c, a)
+        })?;
         tracing::debug!(?escalating, "bash tool ready");
         Ok(ToolBashPlugin)
     }

@@ -433,17 +433,58 @@ impl Plugin for ToolFsPlugin {
         });
         let t = tools.clone();
         let read = read_description(read_caps);
-        register(ctx, "read", &read, Escalating::NotOffered, move |c, a| {
-            t.read(c, a)
-        })?;
+        let reads = |title: &str| {
+            ToolOptions::annotated(
+                ToolAnnotations::titled(title)
+                    .read_only(true)
+                    .idempotent(true)
+                    .open_world(false),
+            )
+        };
+        let writes = |title: &str, idempotent: bool| {
+            ToolOptions::annotated(
+                ToolAnnotations::titled(title)
+                    .read_only(false)
+                    .destructive(true)
+                    .idempotent(idempotent)
+                    .open_world(false),
+            )
+        };
+        register(
+            ctx,
+            "read",
+            &read,
+            Escalating::NotOffered,
+            reads("Read file"),
+            move |c, a| t.read(c, a),
+        )?;
         let t = tools.clone();
-        register(ctx, "write", WRITE, escalating, move |c, a| t.write(c, a))?;
+        register(
+            ctx,
+            "write",
+            WRITE,
+            escalating,
+            writes("Write file", true),
+            move |c, a| t.write(c, a),
+        )?;
         let t = tools.clone();
-        register(ctx, "edit", EDIT, escalating, move |c, a| t.edit(c, a))?;
+        register(
+            ctx,
+            "edit",
+            EDIT,
+            escalating,
+            writes("Edit file", false),
+            move |c, a| t.edit(c, a),
+        )?;
         let t = tools;
-        register(ctx, "list", LIST, Escalating::NotOffered, move |c, a| {
-            t.list(c, a)
-        })?;
+        register(
+            ctx,
+            "list",
+            LIST,
+            Escalating::NotOffered,
+            reads("List directory"),
+            move |c, a| t.list(c, a),
+        )?;
         tracing::debug!(?escalating, ?read_caps, "file tools ready");
         Ok(ToolFsPlugin)
     }

@@ -407,6 +407,7 @@ mod tests {
             output_limit: None,
             policy: None,
             cancel_fd: None,
+            progress_fd: None,
         };
         let mut r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         flag_denial(&mut r, SandboxMode::ReadOnly);
@@ -450,6 +451,7 @@ mod tests {
             output_limit: None,
             policy: None,
             cancel_fd: None,
+            progress_fd: None,
         };
         let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         assert_eq!(

@@ -192,7 +192,15 @@ pub fn run(
             None => spawn_err(io::Error::from_raw_os_error(errno)),
         });
     }
-    let mut result = supervise(child, control_wr, status_rd, started + timeout, limit)?;
+    let progress = request.progress_fd.filter(|fd| valid_fd(*fd));
+    let mut result = supervise(
+        child,
+        control_wr,
+        status_rd,
+        started + timeout,
+        limit,
+        progress,
+    )?;
     // Cancelled only if it was cut short: a command that finished as the cancellation came
     // in reports how it finished.
     result.cancelled =
@@ -246,6 +254,13 @@ fn drain(mut pipe: impl Read, limit: u64, capture: Arc<Mutex<Capture>>, done: Se
     let _ = done.send(Done::Stream);
 }
 
+/// How often a running command reports its output so far to a progress descriptor.
+const PROGRESS_EVERY: Duration = Duration::from_millis(1000);
+
+fn captured(capture: &Mutex<Capture>) -> u64 {
+    capture.lock().unwrap_or_else(|e| e.into_inner()).total
+}
+
 fn kill_group(pgid: u32) {
     // SAFETY: plain system calls. The group id is the supervisor's pid (it called setsid),
     // and it cannot be reused while the supervisor is unreaped.
@@ -264,6 +279,7 @@ fn supervise(
     status: OwnedFd,
     deadline: Instant,
     limit: u64,
+    progress: Option<RawFd>,
 ) -> Result<ExecResult, RunError> {
     let pgid = child.id();
     let mut control = Some(control);
@@ -320,9 +336,30 @@ fn supervise(
     let mut timed_out = false;
     let mut forced = false;
     let mut until = deadline;
+    let mut next_report = Instant::now() + PROGRESS_EVERY;
+    let mut reported = 0;
     while pending > 0 {
         let now = Instant::now();
-        match rx.recv_timeout(until.saturating_duration_since(now)) {
+        let wake = match progress {
+            Some(_) => until.min(next_report),
+            None => until,
+        };
+        match rx.recv_timeout(wake.saturating_duration_since(now)) {
+            Err(RecvTimeoutError::Timeout) if Instant::now() < until => {
+                // A progress tick: report the output so far when it grew.
+                next_report = Instant::now() + PROGRESS_EVERY;
+                let total = captured(&out) + captured(&err);
+                if let Some(fd) = progress.filter(|_| total != reported) {
+                    reported = total;
+                    cordis_sdk::report_progress(
+                        fd,
+                        &cordis_sdk::Progress {
+                            output_bytes: Some(total),
+                            message: None,
+                        },
+                    );
+                }
+            }
             Ok(Done::Stream) => pending -= 1,
             Ok(Done::Exited(s)) => {
                 pending -= 1;
@@ -383,6 +420,7 @@ mod tests {
             output_limit: None,
             policy: None,
             cancel_fd: None,
+            progress_fd: None,
         }
     }
 

@@ -53,12 +53,13 @@ pub type Step<T> = std::result::Result<T, Stop>;
 
 /// Registers tool `name` whose arguments decode into `T`: the input schema comes from `T`
 /// (plus the escalation fields when offered), a decoding error becomes an error result, and
-/// `run` gets the decoded arguments.
+/// `run` gets the decoded arguments; `options` are its annotations and output schema.
 pub fn register<T, F>(
     ctx: &mut Context<'_>,
     name: &'static str,
     description: &str,
     escalating: Escalating,
+    options: ToolOptions,
     run: F,
 ) -> Result<()>
 where
@@ -70,7 +71,7 @@ where
         description: description.to_string(),
         input_schema: input_schema::<T>(escalating),
     };
-    ctx.register_tool(tool, move |call, args| {
+    ctx.register_tool_with(tool, options, move |call, args| {
         let outcome = decode::<T>(name, args, escalating)
             .map_err(Stop::from)
             .and_then(|args| run(call, args));

@@ -42,6 +42,7 @@
 //!         output_limit: None,
 //!         policy: Some(resolved),
 //!         cancel_fd: call.cancel_fd,
+//!         progress_fd: call.progress_fd,
 //!     })?;
 //!     Ok(result.stdout)
 //! }
@@ -96,6 +97,11 @@ pub struct ExecRequest {
     /// started are killed.
     #[serde(default)]
     pub cancel_fd: Option<i32>,
+    /// The calling tool call's progress descriptor (`CallContext::progress_fd`, same
+    /// process): the backend reports the output captured so far to it while the command
+    /// runs ([`cordis_sdk::report_progress`]). Absent from older callers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_fd: Option<i32>,
 }
 
 /// How a command ended.

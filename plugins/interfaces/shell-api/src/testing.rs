@@ -14,6 +14,7 @@
 //!     output_limit: None,
 //!     policy: None,
 //!     cancel_fd: None,
+//!     progress_fd: None,
 //! };
 //! assert_eq!(shell.exec(request).unwrap().stdout, "hi\n");
 //! assert_eq!(shell.requests()[0].command, "echo hi");

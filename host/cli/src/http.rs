@@ -1,0 +1,276 @@
+//! MCP over Streamable HTTP (`cordis run --http ADDR`): many clients at once, each MCP
+//! session (`Mcp-Session-Id`) one cordis session with its own root.
+//!
+//! The transport is rmcp's; this module puts the guards the MCP specification asks for in
+//! front of it and runs it:
+//!
+//! - every request carries `Authorization: Bearer <token>` (compared in constant time; a
+//!   missing or wrong one is answered `401` and logged without the token). The token is
+//!   `CORDIS_HTTP_TOKEN`, else generated at start into a `0600` file in the state
+//!   directory whose path is logged;
+//! - a loopback bind by default; a non-loopback bind only with an operator's token;
+//! - `Origin` is validated (DNS-rebinding protection; `403` otherwise) and, on loopback,
+//!   so is `Host`;
+//! - sessions end on `DELETE`, after an idle timeout, and at shutdown, and a session's
+//!   calls are cancelled when it ends (a running command is killed);
+//! - SIGTERM stops taking new sessions and calls, gives the calls in flight a deadline,
+//!   then cancels what remains and closes the connections.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{header, StatusCode};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use subtle::ConstantTimeEq;
+use tokio_util::sync::CancellationToken;
+
+use cordis_engine::runtime::Runtime;
+
+use crate::mcp::{Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
+
+/// The environment variable an operator's bearer token comes from.
+pub const TOKEN_ENV: &str = "CORDIS_HTTP_TOKEN";
+
+/// The file a generated token is written to, in the state directory.
+pub const TOKEN_FILE: &str = "http-token";
+
+/// The path clients post to.
+pub const MCP_PATH: &str = "/mcp";
+
+/// How long the connections have at shutdown to finish writing their answers.
+const ANSWERS_FLUSH: Duration = Duration::from_millis(500);
+
+/// How the HTTP server runs.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// Where to listen.
+    pub addr: SocketAddr,
+    /// The operator's bearer token; `None`: one is generated.
+    pub token: Option<String>,
+    /// Where a generated token is written.
+    pub state_dir: PathBuf,
+    /// Browser origins allowed besides the loopback ones (`http://localhost:*`, ...).
+    pub allow_origins: Vec<String>,
+    /// A session without requests for this long ends.
+    pub idle_timeout: Duration,
+}
+
+/// Serves MCP over HTTP until `shutdown` resolves; the calls in flight then run until its
+/// give-up future resolves.
+pub async fn serve_http(
+    runtime: Arc<Runtime>,
+    mcp: McpOptions,
+    options: HttpOptions,
+    notifier: ToolListNotifier,
+    shutdown: impl Shutdown,
+) -> anyhow::Result<()> {
+    let loopback = options.addr.ip().is_loopback();
+    let token = match &options.token {
+        Some(token) => {
+            check_token(token)?;
+            token.clone()
+        }
+        None if !loopback => anyhow::bail!(
+            "refusing to listen on {} without a bearer token: a non-loopback address is reachable from other machines; set {TOKEN_ENV} to a secret of at least 16 characters, or listen on 127.0.0.1 behind a reverse proxy",
+            options.addr
+        ),
+        None => {
+            let (token, file) = generate_token(&options.state_dir)?;
+            tracing::info!(
+                "generated a bearer token for this run into {} (mode 0600); clients send `Authorization: Bearer <token>`; set {TOKEN_ENV} to choose it",
+                file.display()
+            );
+            token
+        }
+    };
+    let hub = Hub::new(runtime, &mcp, true)?;
+    let listener = tokio::net::TcpListener::bind(options.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.addr))?;
+    let local = listener
+        .local_addr()
+        .context("cannot read the listening address")?;
+
+    let sessions_end = CancellationToken::new();
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(options.idle_timeout);
+    let mut origins: Vec<String> = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    origins.extend(options.allow_origins.iter().cloned());
+    let mut config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(sessions_end.child_token())
+        .with_allowed_origins(origins)
+        .enforce_origin_validation();
+    config = if loopback {
+        config.with_allowed_hosts(["localhost", "127.0.0.1", "::1", "[::1]"])
+    } else {
+        // Reached by name or address from elsewhere (and behind proxies): the token guards.
+        config.disable_allowed_hosts()
+    };
+    let factory_hub = hub.clone();
+    let service: StreamableHttpService<McpServer, LocalSessionManager> = StreamableHttpService::new(
+        move || Ok(McpServer::attach(factory_hub.clone())),
+        Arc::new(sessions),
+        config,
+    );
+    let app = axum::Router::new()
+        .nest_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn_with_state(
+            hub.clone(),
+            session_gate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(Bearer(token)),
+            require_token,
+        ));
+
+    let forward = hub.forward_tool_changes(&notifier);
+    let stop_accepting = CancellationToken::new();
+    // Answers are written in several small pieces (headers, an event, the end of the
+    // stream): without TCP_NODELAY, Nagle's algorithm holds the last one back until the
+    // client's delayed acknowledgement, 40 ms later.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
+        }
+    });
+    let server = tokio::spawn(std::future::IntoFuture::into_future(
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop_accepting.clone().cancelled_owned()),
+    ));
+    tracing::info!(
+        "serving MCP over Streamable HTTP at http://{local}{MCP_PATH} (sessions end after {} s idle)",
+        options.idle_timeout.as_secs()
+    );
+    // Connections stay open while the calls in flight finish (a client may still fetch
+    // what it needs to read a result); new sessions and new calls are refused.
+    let give_up = shutdown.await;
+    hub.drain(give_up).await;
+    // No new connections; the answers being written finish (a session's standing event
+    // stream never does, so it is not waited for long), then the sessions end.
+    stop_accepting.cancel();
+    tokio::pin!(server);
+    let finished = tokio::time::timeout(ANSWERS_FLUSH, &mut server).await;
+    sessions_end.cancel();
+    forward.abort();
+    let finished = match finished {
+        Ok(finished) => Ok(finished),
+        Err(_) => tokio::time::timeout(Duration::from_secs(5), server).await,
+    };
+    match finished {
+        Ok(Ok(Ok(()))) | Err(_) => Ok(()),
+        Ok(Ok(Err(e))) => Err(anyhow::Error::new(e).context("the HTTP server failed")),
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context("the HTTP server failed")),
+    }
+}
+
+/// The expected bearer token.
+struct Bearer(String);
+
+/// Lets a request through only with the right bearer token.
+async fn require_token(
+    State(expected): State<Arc<Bearer>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(token) if bool::from(token.as_bytes().ct_eq(expected.0.as_bytes())) => {
+            next.run(request).await
+        }
+        presented => {
+            tracing::warn!(
+                %peer,
+                method = %request.method(),
+                "refused an HTTP request with {} (401)",
+                if presented.is_some() {
+                    "a wrong bearer token"
+                } else {
+                    "no bearer token"
+                }
+            );
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                format!("a bearer token is required: send `Authorization: Bearer <token>` with the server's token ({TOKEN_ENV}, or the token file it logged at start)\n"),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// While the server shuts down no session starts (`503`). A session the client ended
+/// (`DELETE`, accepted) has its calls cancelled at once; the transport itself would let
+/// them run while it drains.
+async fn session_gate(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
+    let session = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if session.is_none() && hub.is_closing() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            "the server is shutting down and starts no new sessions\n",
+        )
+            .into_response();
+    }
+    let ending = session.filter(|_| request.method() == http::Method::DELETE);
+    let response = next.run(request).await;
+    if let Some(id) = ending.filter(|_| response.status().is_success()) {
+        hub.end_mcp_session(&id);
+    }
+    response
+}
+
+/// An operator's token must be long enough to resist guessing.
+fn check_token(token: &str) -> anyhow::Result<()> {
+    if token.chars().count() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        anyhow::bail!(
+            "{TOKEN_ENV} must be at least 16 characters without spaces or control characters; generate one with `head -c 32 /dev/urandom | base64`"
+        );
+    }
+    Ok(())
+}
+
+/// A fresh random token, written atomically to a `0600` file in `state_dir`.
+fn generate_token(state_dir: &Path) -> anyhow::Result<(String, PathBuf)> {
+    use std::io::Read;
+    use std::io::Write;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("cannot read random bytes for the bearer token")?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let path = state_dir.join(TOKEN_FILE);
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(state_dir)?;
+        // A temporary file is created 0600 and renamed into place: the token is never
+        // readable by others, nor half-written.
+        let mut file = tempfile::NamedTempFile::new_in(state_dir)?;
+        file.write_all(format!("{token}\n").as_bytes())?;
+        file.as_file().sync_all()?;
+        file.persist(&path).map_err(|e| e.error)?;
+        Ok(())
+    };
+    write().with_context(|| format!("cannot write the bearer token to {}", path.display()))?;
+    Ok((token, path))
+}

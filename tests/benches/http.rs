@@ -1,0 +1,407 @@
+//! Serving many clients over Streamable HTTP, end to end with the real binary and the bundled
+//! plugins: 64 clients each making 1,000 `read` calls of a 4 KiB file, each in its own MCP
+//! session on its own keep-alive connection, while 8 more clients run short `bash` commands,
+//! all against one `cordis run --http`:
+//! - throughput, p50/p99 of a `read` and of a `bash` call, failures (must be 0), and the
+//!   server's resident memory per session;
+//! - the same while a plugin library (`dsh-tool-fs`, which serves `read`) is hot-reloaded
+//!   every second;
+//! - the baselines, in the same run: the same `read` over stdio and over HTTP by one
+//!   client alone, and the 64 read clients without the bash clients.
+//!
+//! Run with `cargo bench -p cordis-e2e --bench http`. The load generator shares the machine's
+//! cores with the server. Latencies of whole requests are timed directly (criterion's
+//! per-iteration model does not give p99 of a live server).
+
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cordis_e2e::bench::{human, resident_kib, summarize, StdioClient};
+use cordis_e2e::{library, replace_file, KillOnDrop, Scratch};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+
+const READ_CLIENTS: usize = 64;
+const READS: usize = 1_000;
+const BASH_CLIENTS: usize = 8;
+const STDIO_READS: usize = 5_000;
+const TOKEN: &str = "bench-token-0123456789abcdef";
+
+/// `cordis run --http 127.0.0.1:0`, its address read from its log.
+struct Server {
+    child: KillOnDrop,
+    addr: String,
+}
+
+impl Server {
+    fn start(s: &Scratch, args: &[&str]) -> Server {
+        let mut all = vec!["run", "--http", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let mut child = s
+            .cordis(&all)
+            .env("CORDIS_HTTP_TOKEN", TOKEN)
+            .env("RUST_LOG", "warn,cordis_cli::http=info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn cordis run --http");
+        let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let addr = loop {
+            let mut line = String::new();
+            let n = log.read_line(&mut line).expect("read the server's log");
+            assert!(n > 0, "cordis run --http exited before serving");
+            if let Some(rest) = line
+                .split("serving MCP over Streamable HTTP at http://")
+                .nth(1)
+            {
+                break rest.split('/').next().expect("an address").to_string();
+            }
+        };
+        // The rest of the log is drained so the server never blocks on it; failures show.
+        std::thread::spawn(move || {
+            for line in log.lines().map_while(Result::ok) {
+                if line.contains("ERROR") || line.contains("WARN") {
+                    eprintln!("server: {line}");
+                }
+            }
+        });
+        Server {
+            child: KillOnDrop(child),
+            addr,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+}
+
+/// One MCP client over one keep-alive HTTP/1.1 connection, in one MCP session.
+struct Client {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    addr: String,
+    session: String,
+    next_id: u64,
+}
+
+impl Client {
+    async fn connect(addr: &str) -> Client {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect to the server");
+        stream.set_nodelay(true).expect("nodelay");
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (send, connection) = hyper::client::conn::http1::handshake(io)
+            .await
+            .expect("HTTP handshake");
+        tokio::spawn(connection);
+        let mut client = Client {
+            send,
+            addr: addr.to_string(),
+            session: String::new(),
+            next_id: 0,
+        };
+        let (status, session, _) = client
+            .post(
+                &serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "bench", "version": "0"}}}),
+            )
+            .await;
+        assert_eq!(status, 200, "initialize failed");
+        client.session = session.expect("an Mcp-Session-Id");
+        let (status, _, _) = client
+            .post(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert_eq!(status, 202, "initialized failed");
+        client
+    }
+
+    async fn post(&mut self, message: &serde_json::Value) -> (u16, Option<String>, String) {
+        let mut request = hyper::Request::post("/mcp")
+            .header("host", &self.addr)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if !self.session.is_empty() {
+            request = request
+                .header("mcp-session-id", &self.session)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(message.to_string())))
+            .expect("a request");
+        self.send.ready().await.expect("connection ready");
+        let response = self.send.send_request(request).await.expect("a response");
+        let status = response.status().as_u16();
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("the body")
+            .to_bytes();
+        (status, session, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// One `tools/call`: whether it succeeded (HTTP 200, a result, not an error result).
+    async fn call(&mut self, tool: &str, args: &serde_json::Value) -> bool {
+        self.next_id += 1;
+        let id = self.next_id;
+        let (status, _, body) = self
+            .post(
+                &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": tool, "arguments": args}}),
+            )
+            .await;
+        // The answer is an SSE event `data: {json}` (or a JSON body).
+        let answer = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .chain(std::iter::once(body.as_str()))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
+            .find(|v| v["id"] == id);
+        status == 200
+            && answer.is_some_and(|a| a["result"]["isError"] == false && a["result"].is_object())
+    }
+
+    async fn delete(mut self) {
+        let request = hyper::Request::delete("/mcp")
+            .header("host", &self.addr)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("mcp-session-id", &self.session)
+            .body(Full::new(Bytes::new()))
+            .expect("a request");
+        if self.send.ready().await.is_ok() {
+            let _ = self.send.send_request(request).await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Outcome {
+    reads: Vec<f64>,
+    bash: Vec<f64>,
+    failures: usize,
+    wall: Duration,
+    rss_per_session_kib: f64,
+    sessions: usize,
+    reloads: usize,
+}
+
+/// The load: `readers` clients making `reads` reads each, `bashers` bash clients until
+/// then, and the library `reload.1` replaced by a copy of `reload.0` every second.
+fn load(
+    server: &Server,
+    (readers, reads, bashers): (usize, usize, usize),
+    reload: Option<(&std::path::Path, &std::path::Path)>,
+) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let idle_kib = resident_kib(server.pid());
+    runtime.block_on(async {
+        let sessions = readers + bashers;
+        let mut read_clients = Vec::new();
+        for _ in 0..readers {
+            read_clients.push(Client::connect(&server.addr).await);
+        }
+        let mut bash_clients = Vec::new();
+        for _ in 0..bashers {
+            bash_clients.push(Client::connect(&server.addr).await);
+        }
+        let sessions_kib = resident_kib(server.pid());
+        let done = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(AtomicUsize::new(0));
+        let reloads = Arc::new(AtomicUsize::new(0));
+        let reloader = reload.map(|(source, target)| {
+            let (done, reloads) = (done.clone(), reloads.clone());
+            let (source, target) = (source.to_path_buf(), target.to_path_buf());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_secs(1));
+                    replace_file(&source, &target);
+                    reloads.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        });
+        let started = Instant::now();
+        let read_args = serde_json::json!({ "path": "data.txt" });
+        let read_tasks: Vec<_> = read_clients
+            .into_iter()
+            .map(|mut c| {
+                let (args, failures) = (read_args.clone(), failures.clone());
+                tokio::spawn(async move {
+                    let mut samples = Vec::with_capacity(reads);
+                    for _ in 0..reads {
+                        let t = Instant::now();
+                        if !c.call("read", &args).await {
+                            failures.fetch_add(1, Ordering::SeqCst);
+                        }
+                        samples.push(t.elapsed().as_nanos() as f64);
+                    }
+                    c.delete().await;
+                    samples
+                })
+            })
+            .collect();
+        let bash_tasks: Vec<_> = bash_clients
+            .into_iter()
+            .map(|mut c| {
+                let (done, failures) = (done.clone(), failures.clone());
+                tokio::spawn(async move {
+                    let args = serde_json::json!({ "command": "echo hi" });
+                    let mut samples = Vec::new();
+                    while !done.load(Ordering::SeqCst) {
+                        let t = Instant::now();
+                        if !c.call("bash", &args).await {
+                            failures.fetch_add(1, Ordering::SeqCst);
+                        }
+                        samples.push(t.elapsed().as_nanos() as f64);
+                    }
+                    c.delete().await;
+                    samples
+                })
+            })
+            .collect();
+        let mut read_samples = Vec::with_capacity(readers * reads);
+        for task in read_tasks {
+            read_samples.extend(task.await.expect("a read client"));
+        }
+        let wall = started.elapsed();
+        done.store(true, Ordering::SeqCst);
+        let mut bash = Vec::new();
+        for task in bash_tasks {
+            bash.extend(task.await.expect("a bash client"));
+        }
+        if let Some(reloader) = reloader {
+            reloader.join().expect("the reloader");
+        }
+        Outcome {
+            reads: read_samples,
+            bash,
+            failures: failures.load(Ordering::SeqCst),
+            wall,
+            rss_per_session_kib: sessions_kib.saturating_sub(idle_kib) as f64 / sessions as f64,
+            sessions,
+            reloads: reloads.load(Ordering::SeqCst),
+        }
+    })
+}
+
+fn report(what: &str, outcome: Outcome, baselines: &[(&str, f64)]) -> f64 {
+    let calls = outcome.reads.len();
+    let bash_calls = outcome.bash.len();
+    let (p50, p99) = summarize(outcome.reads);
+    let (b50, b99) = if outcome.bash.is_empty() {
+        (0.0, 0.0)
+    } else {
+        summarize(outcome.bash)
+    };
+    println!("{what}:");
+    println!(
+        "  read  {calls} calls in {:.2} s: {:.0} calls/s  p50 {:>10}  p99 {:>10}",
+        outcome.wall.as_secs_f64(),
+        calls as f64 / outcome.wall.as_secs_f64(),
+        human(p50),
+        human(p99)
+    );
+    if bash_calls > 0 {
+        println!(
+            "  bash  {bash_calls} calls: p50 {:>10}  p99 {:>10}",
+            human(b50),
+            human(b99)
+        );
+    }
+    println!(
+        "  failures {}{}{}",
+        outcome.failures,
+        if outcome.sessions > 1 {
+            format!(
+                "  resident memory per session {:.0} KiB ({} sessions on a fresh server)",
+                outcome.rss_per_session_kib, outcome.sessions
+            )
+        } else {
+            String::new()
+        },
+        if outcome.reloads > 0 {
+            format!("  reloads {}", outcome.reloads)
+        } else {
+            String::new()
+        }
+    );
+    for (name, baseline) in baselines {
+        println!("  ratio read p50 / {name} {:.2}", p50 / baseline);
+    }
+    assert_eq!(outcome.failures, 0, "{what}: calls failed");
+    p50
+}
+
+fn main() {
+    let s = Scratch::with_bundled_manifest();
+    s.write("data.txt", &"0123456789abcdef".repeat(256));
+    let read_args = serde_json::json!({ "path": "data.txt" });
+
+    // The baseline: one client over stdio, in this run.
+    let mut stdio = StdioClient::start(&s);
+    let samples = stdio.time_calls(STDIO_READS, "read", &read_args);
+    stdio.finish();
+    let (stdio_p50, stdio_p99) = summarize(samples);
+    println!(
+        "stdio baseline: read {STDIO_READS} calls, one client: p50 {}  p99 {}",
+        human(stdio_p50),
+        human(stdio_p99)
+    );
+
+    // Each load on a fresh server, so its memory per session is its own.
+    let fresh = || Server::start(&s, &["--no-watch"]);
+    let alone = load(&fresh(), (1, STDIO_READS, 0), None);
+    let http_p50 = report(
+        "HTTP, one client (the same reads)",
+        alone,
+        &[("stdio, one client", stdio_p50)],
+    );
+    let baselines = [
+        ("stdio, one client", stdio_p50),
+        ("HTTP, one client", http_p50),
+    ];
+    let reads_only = load(&fresh(), (READ_CLIENTS, READS, 0), None);
+    report(
+        &format!("HTTP, {READ_CLIENTS} clients x {READS} reads, no bash"),
+        reads_only,
+        &baselines,
+    );
+    let steady = load(&fresh(), (READ_CLIENTS, READS, BASH_CLIENTS), None);
+    report(
+        &format!("HTTP, {READ_CLIENTS} clients x {READS} reads + {BASH_CLIENTS} bash clients"),
+        steady,
+        &baselines,
+    );
+
+    // The same with `dsh-tool-fs` (it serves `read`) replaced every second.
+    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+    let source = library("dsh-tool-fs");
+    let target = s
+        .path()
+        .join("plugins")
+        .join(source.file_name().expect("a file name"));
+    std::fs::copy(&source, &target).expect("copy the library");
+    let server = Server::start(&s, &["--plugin-path", "plugins"]);
+    let reloading = load(
+        &server,
+        (READ_CLIENTS, READS, BASH_CLIENTS),
+        Some((&source, &target)),
+    );
+    drop(server);
+    report(
+        "the same, dsh-tool-fs hot-reloaded every second",
+        reloading,
+        &baselines,
+    );
+}
