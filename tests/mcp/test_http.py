@@ -539,13 +539,14 @@ async def test_a_client_that_ends_its_session_takes_its_commands_with_it(
     await server.wait_log(r"mcp session ended")
 
 
-async def test_a_client_that_vanishes_loses_its_commands_at_the_idle_timeout(
+async def test_a_client_that_vanishes_loses_its_commands_when_it_stops_answering(
     ws: Workspace, servers: list[HttpServer]
 ) -> None:
-    """Per the transport, a dropped connection is not a cancellation (a client may resume);
-    a client that never comes back has its session end after the idle timeout."""
+    """Per the transport, a dropped stream is not a cancellation (a client may resume); a
+    client with a call in flight is pinged every third of the idle timeout (here 2 s) and
+    must answer within as long, so one that went away is noticed and its command killed."""
     ws.manifest(CONFINED)
-    server = await start(servers, ws, "--idle-timeout", "2")
+    server = await start(servers, ws, "--idle-timeout", "6")
     token = sleep_token()
     headers = {
         "Authorization": f"Bearer {TOKEN}",
@@ -563,10 +564,23 @@ async def test_a_client_that_vanishes_loses_its_commands_at_the_idle_timeout(
     vanished = time.monotonic()
     await asyncio.sleep(1.0)
     assert processes_with(token), "a dropped stream was taken for a cancellation"
-    # Idle timeout (2 s) plus the transport's drain of calls in flight (5 s).
-    await eventually("every process gone after the idle timeout", 10, lambda: not processes_with(token))
-    assert time.monotonic() - vanished >= 2.0
-    await server.wait_log(r"mcp session ended")
+    await eventually("every process gone once the pings went unanswered", 10, lambda: not processes_with(token))
+    assert time.monotonic() - vanished >= 1.5
+    await server.wait_log(r"the client stopped answering pings; cancelling its call")
+
+
+async def test_a_busy_session_does_not_idle_out_and_an_idle_one_does(ws: Workspace, servers: list[HttpServer]) -> None:
+    ws.manifest(CONFINED)
+    server = await start(servers, ws, "--idle-timeout", "2")
+    async with connect(server.url) as s:
+        # Longer than the idle timeout: the pings the client answers keep the session.
+        r = await s.call_tool("bash", {"command": "sleep 4; echo still-here"})
+        assert not r.is_error and "still-here" in text(r), show(r)
+        assert server.count(r"mcp session ended") == 0, server.logged()
+        await server.wait_log(r"mcp session ended", 10)
+        # The session is gone: the client's next request is refused.
+        with pytest.raises(MCPError):
+            await s.call_tool("bash", {"command": "echo too-late"})
 
 
 async def test_sigterm_lets_calls_finish_then_kills_what_remains(ws: Workspace, servers: list[HttpServer]) -> None:

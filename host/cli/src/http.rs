@@ -90,7 +90,7 @@ pub async fn serve_http(
             token
         }
     };
-    let hub = Hub::new(runtime, &mcp, true)?;
+    let hub = Hub::new(runtime, &mcp, Some(options.idle_timeout))?;
     let listener = tokio::net::TcpListener::bind(options.addr)
         .await
         .with_context(|| format!("cannot listen on {}", options.addr))?;

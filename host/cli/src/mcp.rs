@@ -58,6 +58,11 @@ const PARK_TTL: Duration = Duration::from_secs(600);
 /// How long cancelled calls have at shutdown to send their answers.
 const ANSWER_GRACE: Duration = Duration::from_secs(3);
 
+/// The bounds of how often a client with a call in flight is pinged over HTTP (a third of
+/// the idle timeout); it has as long to answer.
+const MIN_PING_EVERY: Duration = Duration::from_secs(1);
+const MAX_PING_EVERY: Duration = Duration::from_secs(60);
+
 /// How often a call with a progress token reports to the client.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -206,6 +211,8 @@ pub(crate) struct Hub {
     /// Over HTTP a cordis session is an MCP session, so stateless (2026-07-28) requests
     /// are refused.
     http: bool,
+    /// Over HTTP, how often a client with a call in flight is pinged (see [`Liveness`]).
+    ping_every: Option<Duration>,
     codec: RequestStateCodec,
     call_prefix: String,
     next: AtomicU64,
@@ -222,10 +229,12 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
+    /// The hub of a stdio server (`idle_timeout: None`) or of an HTTP server whose
+    /// sessions end after `idle_timeout` without requests.
     pub(crate) fn new(
         runtime: Arc<Runtime>,
         options: &McpOptions,
-        http: bool,
+        idle_timeout: Option<Duration>,
     ) -> anyhow::Result<Arc<Self>> {
         let key = random_bytes(32)?;
         let codec = RequestStateCodec::try_new(key)
@@ -235,7 +244,8 @@ impl Hub {
             runtime,
             rooting: Rooting::new(options)?,
             resume: options.session.clone(),
-            http,
+            http: idle_timeout.is_some(),
+            ping_every: idle_timeout.map(|idle| (idle / 3).clamp(MIN_PING_EVERY, MAX_PING_EVERY)),
             codec,
             call_prefix: format!("mcp-{prefix}"),
             next: AtomicU64::new(1),
@@ -429,7 +439,7 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let hub = Hub::new(runtime, &options, false)?;
+    let hub = Hub::new(runtime, &options, None)?;
     let server = McpServer::attach(hub.clone());
     if let Some(id) = &hub.resume {
         let session = hub
@@ -644,6 +654,58 @@ async fn next_line(feed: &mut Option<Feed>) -> Option<String> {
     match feed {
         Some(lines) => lines.next_line().await.ok().flatten(),
         None => None,
+    }
+}
+
+/// Over HTTP, a session with a call in flight is not idle, and a client that went away
+/// without ending its session (a dropped stream is not a cancellation) must still be
+/// noticed: while a call runs, the client is pinged every `every` and must answer within
+/// `every`. The pings keep the session from idling out; an unanswered one means the client
+/// is gone.
+struct Liveness {
+    every: Duration,
+    next: tokio::time::Instant,
+    pinging: Option<std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>>,
+}
+
+impl Liveness {
+    fn new(every: Option<Duration>) -> Option<Self> {
+        every.map(|every| Liveness {
+            every,
+            next: tokio::time::Instant::now() + every,
+            pinging: None,
+        })
+    }
+}
+
+/// Resolves when the client stopped answering pings (never without `liveness`). Dropping
+/// it keeps a ping in flight for the next call.
+async fn client_lost(liveness: &mut Option<Liveness>, peer: &Peer<RoleServer>) {
+    let Some(live) = liveness else {
+        return std::future::pending().await;
+    };
+    loop {
+        match &mut live.pinging {
+            None => {
+                tokio::time::sleep_until(live.next).await;
+                let (peer, every) = (peer.clone(), live.every);
+                live.pinging = Some(Box::pin(async move {
+                    let ping = rmcp::model::ServerRequest::PingRequest(Default::default());
+                    matches!(
+                        tokio::time::timeout(every, peer.send_request(ping)).await,
+                        Ok(Ok(_))
+                    )
+                }));
+            }
+            Some(ping) => {
+                let answered = ping.await;
+                live.pinging = None;
+                live.next = tokio::time::Instant::now() + live.every;
+                if !answered {
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -935,6 +997,7 @@ impl McpServer {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
         let token = context.meta.get_progress_token();
+        let mut liveness = Liveness::new(self.shared.hub.ping_every);
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -962,6 +1025,9 @@ impl McpServer {
                                     _ = ticker.tick(), if token.is_some() => {
                                         report(context, token.as_ref(), &running, "waiting for approval").await;
                                     }
+                                    () = client_lost(&mut liveness, &context.peer) => {
+                                        break ApprovalOutcome::Cancelled;
+                                    }
                                 }
                             }
                         };
@@ -982,6 +1048,11 @@ impl McpServer {
                 _ = context.ct.cancelled() => {
                     self.detach(running, ApprovalOutcome::Cancelled);
                     return error_result("the call was cancelled by the client".into());
+                }
+                () = client_lost(&mut liveness, &context.peer) => {
+                    tracing::info!(call = %running.call_id, "the client stopped answering pings; cancelling its call");
+                    self.detach(running, ApprovalOutcome::Cancelled);
+                    return error_result("the client stopped answering; the call was cancelled".into());
                 }
             }
         }
