@@ -703,9 +703,9 @@ fn build_plugin(scratch: &Scratch, name: &str, sdk: &Path, source: &str) {
     scratch.manifest(&format!("- name: {name}\n  path: {file}\n"));
 }
 
-/// The last revision whose SDK had neither tool annotations and output schemas
-/// (`register_tool_with`), structured results (`call_structured`) nor progress: a
-/// compatible change, so a library built against it must keep loading and serving.
+/// The last revision whose SDK had neither tool annotations and output schemas, structured
+/// results (both through the host's `toolExtras` service) nor progress: a compatible change,
+/// so a library built against it must keep loading and serving.
 const SDK_BEFORE_ANNOTATIONS: &str = "2da6211d704165d0e6651063eb3b5949c452a8da";
 
 #[test]
@@ -726,7 +726,7 @@ impl Plugin for Older {
         let tool = Tool {
             name: "older-echo".into(),
             description: "echoes `text`".into(),
-            input_schema: serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+            input_schema: cordis_sdk::serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}}),
         };
         ctx.register_tool(tool, |call, args| {
             Ok(ToolResult::ok(format!("{} in {}", args["text"].as_str().unwrap_or(""), call.session.cwd.display())))
@@ -737,7 +737,7 @@ impl Plugin for Older {
 cordis_sdk::export_plugin!(Older);
 "#;
     build_plugin(&scratch, "older-plugin", &sdk, source);
-    scratch.run(&["check"]).expect_code(0);
+    scratch.run(&["check", "-v"]).expect_code(0);
     let call = scratch.run(&["call", "older-echo", r#"{"text": "still served"}"#]);
     call.expect_code(0)
         .expect_output(&[&format!("still served in {}", scratch.path().display())]);

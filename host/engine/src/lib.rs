@@ -69,6 +69,7 @@ impl Host {
                     spec::<SessionsClient>(SESSIONS),
                     spec::<ApprovalClient>(APPROVAL),
                     spec::<CompositionClient>(COMPOSITION),
+                    crate::registry::tool_extras_spec(),
                 ],
                 copies: None,
                 protect: Some(protection.clone()),

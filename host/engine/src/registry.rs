@@ -2,8 +2,8 @@
 //! service by name and every registered tool, and disposes entries in reverse order.
 //! It knows nothing about what the services mean.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use abi_stable::{
     sabi_trait::TD_Opaque,
@@ -13,7 +13,10 @@ use cordis_sdk::abi::{
     HostCtxObj, HostCtxObj_TO, InstanceBox, LoggerBox, LoggerObj, LoggerObj_TO, RError, ServiceBox,
     ToolBox, ToolDecl,
 };
-use cordis_sdk::{CallContext, InterfaceMismatch, ToolResult};
+use cordis_sdk::host::{
+    StructuredContent, ToolDescription, ToolExtras, ToolExtrasClient, TOOL_EXTRAS,
+};
+use cordis_sdk::{CallContext, Interface, InterfaceMismatch, ToolResult};
 use tracing::Level;
 
 use crate::loader::ServiceSpec;
@@ -40,9 +43,11 @@ pub struct ToolSlot {
     pub decl: ToolDecl,
     /// The handler.
     pub handle: ToolBox,
-    /// What the plugin declared besides the decl: `annotations` and `outputSchema` (a
-    /// JSON object; empty for a tool registered without them).
+    /// What the plugin declared besides the decl (through the host's `toolExtras`):
+    /// `annotations` and `outputSchema`; empty for a tool declared without them.
     pub extras: serde_json::Map<String, serde_json::Value>,
+    /// Where the structured content of its calls is left.
+    store: Arc<ToolExtrasStore>,
     /// The entry that registered it.
     pub entry: String,
 }
@@ -52,16 +57,16 @@ impl ToolSlot {
     pub fn call(&self, call: &CallContext, args: &serde_json::Value) -> ToolResult {
         let context = serde_json::to_string(call).unwrap_or_default();
         let args = args.to_string();
-        match self
+        let outcome = self
             .handle
-            .call_structured(RStr::from(context.as_str()), RStr::from(args.as_str()))
-        {
+            .call(RStr::from(context.as_str()), RStr::from(args.as_str()));
+        // Taken whatever the outcome, so nothing is left behind for a failed call.
+        let structured = self.store.take_structured(&call.call_id);
+        match outcome {
             RResult::ROk(out) => ToolResult {
                 is_error: out.is_error,
                 text: out.text.into(),
-                structured: (!out.structured.is_empty())
-                    .then(|| serde_json::from_str(&out.structured).ok())
-                    .flatten(),
+                structured,
             },
             RResult::RErr(e) => {
                 let e = cordis_sdk::Error::from(e);
@@ -72,6 +77,80 @@ impl ToolSlot {
                 ToolResult::error(text)
             }
         }
+    }
+}
+
+/// What plugins told the host's `toolExtras` service: the description of each tool about
+/// to be registered, and the structured content of calls in flight. A host service rather
+/// than new ABI types, so libraries built before it keep loading (abi_stable refuses a
+/// library whose types have fewer fields than the host's).
+#[derive(Debug, Default)]
+pub struct ToolExtrasStore {
+    /// Per tool name, what its plugin described right before registering it.
+    pending: Mutex<HashMap<String, serde_json::Map<String, serde_json::Value>>>,
+    /// Per call id, the structured content of its result.
+    results: Mutex<HashMap<String, serde_json::Value>>,
+}
+
+/// The most structured results held at once (one per call in flight; more means a plugin
+/// records content for calls that never come).
+const MAX_HELD_RESULTS: usize = 4096;
+
+impl ToolExtrasStore {
+    fn take_pending(&self, tool: &str) -> serde_json::Map<String, serde_json::Value> {
+        lock(&self.pending).remove(tool).unwrap_or_default()
+    }
+
+    fn take_structured(&self, call_id: &str) -> Option<serde_json::Value> {
+        lock(&self.results).remove(call_id)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The host's `toolExtras` service over a store.
+struct ToolExtrasService(Arc<ToolExtrasStore>);
+
+impl ToolExtras for ToolExtrasService {
+    fn describe(&self, description: ToolDescription) -> cordis_sdk::Result<()> {
+        let ToolDescription {
+            tool,
+            annotations,
+            output_schema,
+        } = description;
+        let mut extras = serde_json::Map::new();
+        if let Some(annotations) = annotations {
+            extras.insert("annotations".into(), serde_json::json!(annotations));
+        }
+        if let Some(schema) = output_schema {
+            if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
+                return Err(cordis_sdk::Error::invalid(format!(
+                    "tool `{tool}`: its output schema must describe an object (`\"type\": \"object\"`)"
+                ))
+                .with_help("MCP structured content is a JSON object; wrap other values in one"));
+            }
+            extras.insert("outputSchema".into(), schema);
+        }
+        lock(&self.0.pending).insert(tool, extras);
+        Ok(())
+    }
+
+    fn structured(&self, content: StructuredContent) -> cordis_sdk::Result<()> {
+        if !content.content.is_object() {
+            return Err(cordis_sdk::Error::invalid(
+                "structured content must be a JSON object",
+            ));
+        }
+        let mut results = lock(&self.0.results);
+        if results.len() >= MAX_HELD_RESULTS && !results.contains_key(&content.call_id) {
+            return Err(cordis_sdk::Error::internal(format!(
+                "more than {MAX_HELD_RESULTS} structured results are waiting for their calls"
+            )));
+        }
+        results.insert(content.call_id, content.content);
+        Ok(())
     }
 }
 
@@ -120,6 +199,7 @@ pub struct Registry {
     /// Optional injections that nothing provides: (entry, service).
     pub missing_optional: Vec<(String, String)>,
     applied: Vec<Applied>,
+    tool_extras: Arc<ToolExtrasStore>,
 }
 
 /// An entry failed to apply; everything applied before it was disposed.
@@ -152,10 +232,15 @@ impl std::fmt::Display for ApplyError {
 impl std::error::Error for ApplyError {}
 
 impl Registry {
-    /// A registry holding only the host's own services.
+    /// A registry holding only the host's own services: those given, and `toolExtras`
+    /// (what tools tell their clients, kept by the registry itself).
     pub fn with_host_services(host: Vec<(ServiceSpec, ServiceBox)>) -> Self {
         let mut reg = Registry::default();
-        for (spec, handle) in host {
+        let extras = (
+            tool_extras_spec(),
+            ToolExtrasClient::serve(ToolExtrasService(reg.tool_extras.clone())),
+        );
+        for (spec, handle) in host.into_iter().chain([extras]) {
             reg.services.insert(
                 spec.name.clone(),
                 ServiceSlot {
@@ -324,6 +409,15 @@ impl Registry {
     }
 }
 
+/// The interface of the host's `toolExtras` service, for planning.
+pub fn tool_extras_spec() -> ServiceSpec {
+    ServiceSpec {
+        name: TOOL_EXTRAS.to_string(),
+        interface: ToolExtrasClient::ID.to_string(),
+        version: ToolExtrasClient::VERSION,
+    }
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         self.dispose_all();
@@ -415,37 +509,8 @@ impl HostCtxObj for ApplyCtx<'_> {
     }
 
     fn register_tool(&mut self, decl: ToolDecl, tool: ToolBox) -> RResult<(), RError> {
-        self.register_tool_with(decl, RStr::from("{}"), tool)
-    }
-
-    fn register_tool_with(
-        &mut self,
-        decl: ToolDecl,
-        extras: RStr<'_>,
-        tool: ToolBox,
-    ) -> RResult<(), RError> {
         let name = decl.name.to_string();
-        let extras = match serde_json::from_str::<serde_json::Value>(extras.as_str()) {
-            Ok(serde_json::Value::Object(extras)) => extras,
-            _ => {
-                return RResult::RErr(rerr(
-                    "BAD_TOOL_EXTRAS",
-                    format!(
-                        "tool `{name}`: its annotations and output schema are not a JSON object"
-                    ),
-                    Some("register the tool with the cordis-sdk's `register_tool_with`".into()),
-                ))
-            }
-        };
-        if let Some(schema) = extras.get("outputSchema") {
-            if schema.get("type").and_then(|t| t.as_str()) != Some("object") {
-                return RResult::RErr(rerr(
-                    "BAD_TOOL_EXTRAS",
-                    format!("tool `{name}`: its output schema must describe an object (`\"type\": \"object\"`)"),
-                    Some("MCP structured content is a JSON object; wrap other values in one".into()),
-                ));
-            }
-        }
+        let extras = self.registry.tool_extras.take_pending(&name);
         if let Some(existing) = self.registry.tools.get(&name) {
             return RResult::RErr(rerr(
                 "DUPLICATE_TOOL",
@@ -462,6 +527,7 @@ impl HostCtxObj for ApplyCtx<'_> {
                 decl,
                 handle: tool,
                 extras,
+                store: self.registry.tool_extras.clone(),
                 entry: self.planned.entry.id.clone(),
             },
         );

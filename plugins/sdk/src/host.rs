@@ -125,3 +125,42 @@ crate::interface! {
         fn context(&self, session: Option<String>) -> String;
     }
 }
+
+/// The registry name of the host's record of what tools tell their clients.
+pub const TOOL_EXTRAS: &str = "toolExtras";
+
+/// What a tool declares besides its decl (see [`crate::ToolOptions`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ToolDescription {
+    /// The tool's name.
+    pub tool: String,
+    /// Its MCP annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<crate::ToolAnnotations>,
+    /// The JSON Schema of its structured content (an object schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
+}
+
+/// The structured content of one call's result.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StructuredContent {
+    /// The call (`CallContext::call_id`).
+    pub call_id: String,
+    /// The content, a JSON object.
+    pub content: serde_json::Value,
+}
+
+crate::interface! {
+    /// What tools tell their clients beyond a name, a description, an input schema and
+    /// text: annotations, output schemas and structured results. A host service, not part
+    /// of the ABI's types, so libraries built before it load on hosts that have it and the
+    /// other way round (then it is simply absent); the SDK uses it on the author's behalf
+    /// ([`crate::Context::register_tool_with`], [`crate::ToolResult::with_structured`]).
+    pub trait ToolExtras as ToolExtrasClient ("cordis.tool-extras", 1) {
+        /// Describes the tool the plugin registers next under `description.tool`.
+        fn describe(&self, description: ToolDescription) -> ();
+        /// Records the structured content of a call in flight, for its result.
+        fn structured(&self, content: StructuredContent) -> ();
+    }
+}

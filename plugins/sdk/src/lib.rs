@@ -121,28 +121,34 @@
 //! host's own and then checks the layout of every type in [`abi`].
 //!
 //! A library is accepted when its SDK has the host's major version and, for `0.x`, a minor
-//! at least the host's, and its types' layouts are compatible with the host's (a newer SDK
-//! may only have added prefix fields). A library built against an older ABI is refused.
+//! at least the host's, and its types' layouts are compatible with the host's. A library
+//! built against an older ABI is refused.
+//!
+//! The layout check is abi_stable's, and it runs one way: a library's types may have *more*
+//! fields or trait methods than the host's (a library built against a newer SDK, on an
+//! older host), never fewer. So any new field or method in [`abi`], even an optional one
+//! after a `last_prefix_field`, makes every library built before it unloadable: it is an
+//! incompatible change.
 //!
 //! **Compatible changes** (a library built before the change keeps loading and serving; a
 //! plugin built after it still runs on a host built before it, without the addition):
-//! - a new field of [`abi::PluginMod`] after its `#[sabi(last_prefix_field)]`; the host
-//!   must treat it as optional (older plugins lack it);
-//! - a new *defaulted* method appended to an `#[sabi_trait]` object: where the other side's
-//!   object lacks it, the default runs (e.g. [`abi::ToolObj::call_structured`] falls back to
-//!   `call`, [`abi::HostCtxObj::register_tool_with`] to `register_tool`);
 //! - a new service the host provides (a new interface in [`host`]), which plugins inject
-//!   with [`Metadata::injects_optional`] so they still load on a host without it;
+//!   with [`Metadata::injects_optional`] so they still load on a host without it (tool
+//!   annotations, output schemas and structured results travel this way, through
+//!   [`host::ToolExtras`], which the SDK injects for every plugin that declares a tool);
+//! - a new optional field of a JSON type that crosses the boundary as text (the call
+//!   context, a service's arguments), e.g. [`CallContext::progress_fd`];
 //! - anything that does not cross the boundary: new helpers, new author-side API, docs.
 //!
-//! Because the host refuses a library built against an earlier release of its ABI (the
-//! rule above, which is abi_stable's), a compatible change is not a reason to bump the
-//! version on its own: it ships with the next release, and libraries of the release they
-//! were built against keep loading until then.
+//! Because the host also refuses a library built against an earlier release of its ABI
+//! (the version rule above, also abi_stable's), a compatible change is not a reason to bump
+//! the version on its own: it ships with the next release, and libraries of the release
+//! they were built against keep loading until then.
 //!
 //! **Incompatible changes** (bump the ABI version: the minor for `0.x`, else the major):
-//! removing, renaming, reordering or retyping any field, variant or method in [`abi`],
-//! moving `last_prefix_field`, or changing what a host service's methods accept or return.
+//! adding, removing, renaming, reordering or retyping any field, variant or method in
+//! [`abi`], moving `last_prefix_field`, or changing what a host service's methods accept or
+//! return.
 //!
 //! How the host reports an incompatible library, in `cordis check`, at `cordis run` and on
 //! a reload (which keeps the previous composition serving), as one line naming the entry,

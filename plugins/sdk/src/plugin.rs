@@ -15,7 +15,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::abi::{
     HostCtx, InjectDecl, InstanceBox, InstanceObj, InstanceObj_TO, LoggerBox, PluginMeta,
     PluginMod, PluginModRef, RError, Reconfigured, ServiceBox, ServiceDecl, ServiceObj,
-    ServiceObj_TO, ToolDecl, ToolObj, ToolObj_TO, ToolOutput, ToolReply,
+    ServiceObj_TO, ToolDecl, ToolObj, ToolObj_TO, ToolOutput,
 };
 use crate::error::{codes, from_panic, Error, Result};
 use crate::log::with_logger;
@@ -106,14 +106,28 @@ impl Metadata {
     /// without applying the plugin; registering a tool not declared is an error.
     pub fn tool(mut self, name: &str) -> Self {
         self.tools.push(name.to_string());
-        self
+        self.with_tool_extras()
     }
 
     /// Declares that the plugin's config names its tools, so they cannot be listed before
     /// it is applied; it may then register tools of any name.
     pub fn tools_from_config(mut self) -> Self {
         self.tools.push(crate::abi::TOOLS_FROM_CONFIG.to_string());
-        self
+        self.with_tool_extras()
+    }
+
+    /// A plugin with tools injects the host's tool extras (optional: a host without them
+    /// still runs the tools, without annotations and structured content).
+    fn with_tool_extras(self) -> Self {
+        let declared = self
+            .injects
+            .iter()
+            .any(|d| d.name.as_str() == crate::host::TOOL_EXTRAS);
+        if declared {
+            self
+        } else {
+            self.injects_optional::<crate::host::ToolExtrasClient>(crate::host::TOOL_EXTRAS)
+        }
     }
 
     /// The plugin's name.
@@ -330,16 +344,8 @@ impl ToolOptions {
         self
     }
 
-    /// The extras as they cross the boundary.
-    fn to_json(&self) -> String {
-        let mut extras = serde_json::Map::new();
-        if let Some(a) = &self.annotations {
-            extras.insert("annotations".into(), serde_json::json!(a));
-        }
-        if let Some(s) = &self.output_schema {
-            extras.insert("outputSchema".into(), s.clone());
-        }
-        serde_json::Value::Object(extras).to_string()
+    fn is_empty(&self) -> bool {
+        self.annotations.is_none() && self.output_schema.is_none()
     }
 }
 
@@ -360,34 +366,42 @@ struct ToolDispatcher {
     name: String,
     handler: Arc<ToolHandler>,
     logger: LoggerBox,
+    /// Where structured content goes (absent on a host without tool extras).
+    extras: Option<crate::host::ToolExtrasClient>,
+}
+
+impl ToolDispatcher {
+    /// Hands a result's structured content to the host, keyed by the call.
+    fn record_structured(&self, call_id: String, content: serde_json::Value) {
+        let Some(extras) = &self.extras else { return };
+        let recorded = crate::host::ToolExtras::structured(
+            extras,
+            crate::host::StructuredContent { call_id, content },
+        );
+        if let Err(e) = recorded {
+            tracing::warn!("tool `{}`: structured content not recorded: {e}", self.name);
+        }
+    }
 }
 
 impl ToolObj for ToolDispatcher {
     fn call(&self, context: RStr<'_>, args: RStr<'_>) -> RResult<ToolOutput, RError> {
-        self.call_structured(context, args).map(|r| ToolOutput {
-            is_error: r.is_error,
-            text: r.text,
-        })
-    }
-
-    fn call_structured(&self, context: RStr<'_>, args: RStr<'_>) -> RResult<ToolReply, RError> {
         let run = || -> Result<ToolResult> {
             let context: CallContext = serde_json::from_str(context.as_str())
                 .map_err(|e| Error::internal(format!("malformed call context: {e}")))?;
             let args: serde_json::Value = serde_json::from_str(args.as_str()).map_err(|e| {
                 Error::invalid(format!("tool `{}`: arguments are not JSON: {e}", self.name))
             })?;
-            (self.handler)(&context, args)
+            let mut result = (self.handler)(&context, args)?;
+            if let Some(content) = result.structured.take() {
+                self.record_structured(context.call_id, content);
+            }
+            Ok(result)
         };
         match with_logger(&self.logger, || catch_unwind(AssertUnwindSafe(run))) {
-            Ok(Ok(r)) => RResult::ROk(ToolReply {
+            Ok(Ok(r)) => RResult::ROk(ToolOutput {
                 is_error: r.is_error,
                 text: r.text.into(),
-                structured: r
-                    .structured
-                    .map(|v| v.to_string())
-                    .unwrap_or_default()
-                    .into(),
             }),
             Ok(Err(e)) => RResult::RErr(e.into()),
             Err(payload) => {
@@ -492,6 +506,19 @@ impl<'a> Context<'a> {
                 tool.name
             )));
         }
+        // Declaring a tool declared the injection; a host without tool extras has none.
+        let extras =
+            self.inject_optional::<crate::host::ToolExtrasClient>(crate::host::TOOL_EXTRAS)?;
+        if let (Some(extras), false) = (&extras, options.is_empty()) {
+            crate::host::ToolExtras::describe(
+                extras,
+                crate::host::ToolDescription {
+                    tool: tool.name.clone(),
+                    annotations: options.annotations,
+                    output_schema: options.output_schema,
+                },
+            )?;
+        }
         let decl = ToolDecl {
             name: tool.name.as_str().into(),
             description: tool.description.into(),
@@ -502,12 +529,12 @@ impl<'a> Context<'a> {
                 name: tool.name,
                 handler: Arc::new(handler),
                 logger: self.logger.clone(),
+                extras,
             }),
             TD_Opaque,
         );
-        let extras = options.to_json();
         self.host
-            .register_tool_with(decl, RStr::from(extras.as_str()), obj)
+            .register_tool(decl, obj)
             .into_result()
             .map_err(Error::from)
     }
