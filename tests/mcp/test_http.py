@@ -57,7 +57,7 @@ class HttpServer:
 
     @classmethod
     async def start(
-        cls, ws: Workspace, *args: str, token: str | None = TOKEN, cwd: Path | None = None, bind: str = "127.0.0.1:0"
+        cls, ws: Workspace, *args: str, token: str | None = TOKEN, bind: str = "127.0.0.1:0"
     ) -> HttpServer:
         env = {**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "RUST_LOG": "warn,cordis=info,cordis_cli=info"}
         env.pop("CORDIS_HTTP_TOKEN", None)
@@ -71,7 +71,7 @@ class HttpServer:
             "--http",
             bind,
             *args,
-            cwd=str(cwd or ws.project("p")),
+            cwd=str(ws.project("p")),
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
@@ -371,18 +371,8 @@ async def test_a_non_loopback_bind_without_a_token_refuses_to_start(ws: Workspac
         assert proc.returncode != 0, err
         assert why in err.decode() and "serving MCP" not in err.decode(), err.decode()
     # With a token it serves (and the token is required from every address).
-    env = {**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "CORDIS_HTTP_TOKEN": TOKEN,
-           "RUST_LOG": "warn,cordis_cli=info"}
-    proc = await asyncio.create_subprocess_exec(
-        required_env("CORDIS_BIN"), "run", "-c", str(ws.root / "cordis.yml"), "--http", "0.0.0.0:0",
-        cwd=str(ws.project("p")), env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
-    server = HttpServer(proc)
-    try:
-        await server.wait_log(SERVING, 60)
-    finally:
-        await server.stop()
+    server = await HttpServer.start(ws, bind="0.0.0.0:0")
+    await server.stop()
 
 
 # --- what clients see -----------------------------------------------------------------------

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use cordis_engine::runtime::Runtime;
 
-use crate::mcp::{Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
+use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
 
 /// The environment variable an operator's bearer token comes from.
 pub const TOKEN_ENV: &str = "CORDIS_HTTP_TOKEN";
@@ -253,13 +253,8 @@ fn check_token(token: &str) -> anyhow::Result<()> {
 
 /// A fresh random token, written atomically to a `0600` file in `state_dir`.
 fn generate_token(state_dir: &Path) -> anyhow::Result<(String, PathBuf)> {
-    use std::io::Read;
     use std::io::Write;
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("cannot read random bytes for the bearer token")?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let token = hex(&random_bytes(32).context("cannot make a bearer token")?);
     let path = state_dir.join(TOKEN_FILE);
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(state_dir)?;

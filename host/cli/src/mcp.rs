@@ -208,18 +208,15 @@ pub(crate) struct Hub {
     rooting: Rooting,
     /// A session to resume (stdio only).
     resume: Option<String>,
-    /// Over HTTP a cordis session is an MCP session, so stateless (2026-07-28) requests
-    /// are refused.
-    http: bool,
-    /// Over HTTP, how often a client with a call in flight is pinged (see [`Liveness`]).
+    /// Over HTTP (only), how often a client with a call in flight is pinged (see
+    /// [`Liveness`]).
     ping_every: Option<Duration>,
     codec: RequestStateCodec,
     call_prefix: String,
     next: AtomicU64,
-    /// Connections that completed the handshake, by connection id.
-    peers: Mutex<HashMap<u64, Peer<RoleServer>>>,
     sinks: Mutex<Vec<SubscriptionSink>>,
-    /// Live connections, to cancel their calls at shutdown.
+    /// Live connections: to tell those that completed the handshake about tool-list
+    /// changes, and to cancel their calls at shutdown.
     live: Mutex<HashMap<u64, std::sync::Weak<Shared>>>,
     /// HTTP connections by MCP session id, to end them at once on `DELETE`.
     by_mcp_session: Mutex<HashMap<String, std::sync::Weak<Shared>>>,
@@ -244,12 +241,10 @@ impl Hub {
             runtime,
             rooting: Rooting::new(options)?,
             resume: options.session.clone(),
-            http: idle_timeout.is_some(),
             ping_every: idle_timeout.map(|idle| (idle / 3).clamp(MIN_PING_EVERY, MAX_PING_EVERY)),
             codec,
             call_prefix: format!("mcp-{prefix}"),
             next: AtomicU64::new(1),
-            peers: Mutex::default(),
             sinks: Mutex::default(),
             live: Mutex::default(),
             by_mcp_session: Mutex::default(),
@@ -272,7 +267,11 @@ impl Hub {
         tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 let Some(hub) = hub.upgrade() else { break };
-                let peers: Vec<Peer<RoleServer>> = lock(&hub.peers).values().cloned().collect();
+                let peers: Vec<Peer<RoleServer>> = lock(&hub.live)
+                    .values()
+                    .filter_map(|w| w.upgrade())
+                    .filter_map(|shared| shared.peer.get().cloned())
+                    .collect();
                 let sinks: Vec<SubscriptionSink> = lock(&hub.sinks).clone();
                 drop(hub);
                 tracing::info!(
@@ -293,6 +292,11 @@ impl Hub {
         })
     }
 
+    /// Whether this hub serves HTTP, where a cordis session is an MCP session.
+    fn over_http(&self) -> bool {
+        self.ping_every.is_some()
+    }
+
     /// Whether the server stopped taking calls.
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
@@ -305,7 +309,7 @@ impl Hub {
             .remove(id)
             .and_then(|w| w.upgrade());
         if let Some(shared) = shared {
-            let cancelled = std::mem::take(&mut *lock(&shared.cancels)).len();
+            let cancelled = shared.cancel_calls();
             if cancelled > 0 {
                 tracing::info!(
                     calls = cancelled,
@@ -316,9 +320,8 @@ impl Hub {
     }
 
     /// Stops taking calls, waits until the calls in flight finish or `give_up` resolves,
-    /// then cancels what remains (a running command is killed). Returns how many were
-    /// cancelled.
-    pub(crate) async fn drain(&self, give_up: impl std::future::Future<Output = ()>) -> usize {
+    /// then cancels what remains (a running command is killed).
+    pub(crate) async fn drain(&self, give_up: impl std::future::Future<Output = ()>) {
         self.closing.store(true, Ordering::SeqCst);
         let mut count = self.in_flight.subscribe();
         let running = *count.borrow();
@@ -333,11 +336,7 @@ impl Hub {
             .values()
             .filter_map(|w| w.upgrade())
             .collect();
-        let mut cancelled = 0;
-        for shared in live {
-            let calls = std::mem::take(&mut *lock(&shared.cancels));
-            cancelled += calls.len();
-        }
+        let cancelled: usize = live.iter().map(|shared| shared.cancel_calls()).sum();
         if cancelled > 0 {
             tracing::warn!(
                 calls = cancelled,
@@ -346,7 +345,6 @@ impl Hub {
             // Their answers (cancelled results) go out before the connections close.
             let _ = tokio::time::timeout(ANSWER_GRACE, count.wait_for(|n| *n == 0)).await;
         }
-        cancelled
     }
 }
 
@@ -555,9 +553,9 @@ where
         None => {
             // The client is gone: nobody will read an answer, so every call in flight is
             // cancelled (a running command is killed) instead of being waited for.
-            let cancelled = std::mem::take(&mut *lock(&shared.cancels));
+            let cancelled = shared.cancel_calls();
             tracing::info!(
-                calls = cancelled.len(),
+                calls = cancelled,
                 "the client closed its input; cancelling the calls in flight"
             );
         }
@@ -595,7 +593,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// `bytes` as lowercase hexadecimal.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -645,8 +644,8 @@ struct Running {
     started: Instant,
     /// The tool's progress reports, while it may send any.
     feed: Option<Feed>,
-    /// The output it last reported.
-    output_bytes: Option<u64>,
+    /// What it reported last (each field as last reported).
+    reported: cordis_sdk::Progress,
 }
 
 /// The next report of `feed`; `None` at its end.
@@ -719,13 +718,13 @@ async fn report(
 ) {
     let Some(token) = token else { return };
     let elapsed = running.started.elapsed().as_secs_f64();
-    let message = match running.output_bytes {
-        Some(bytes) => format!(
-            "{}: {doing} for {elapsed:.0} s, {bytes} bytes of output",
-            running.tool
-        ),
-        None => format!("{}: {doing} for {elapsed:.0} s", running.tool),
-    };
+    let mut message = format!("{}: {doing} for {elapsed:.0} s", running.tool);
+    if let Some(bytes) = running.reported.output_bytes {
+        message.push_str(&format!(", {bytes} bytes of output"));
+    }
+    if let Some(note) = &running.reported.message {
+        message.push_str(&format!("; {note}"));
+    }
     let param =
         ProgressNotificationParam::new(token.clone(), elapsed.floor()).with_message(message);
     if let Err(e) = context.peer.notify_progress(param).await {
@@ -761,15 +760,24 @@ struct Shared {
     parked: Mutex<HashMap<u64, Parked>>,
     /// The model context the client was last shown.
     shown: Mutex<String>,
+    /// The client, once it completed the handshake (told about tool-list changes).
+    peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// The MCP session id (HTTP), once a request carried it.
     mcp_session: std::sync::OnceLock<String>,
+}
+
+impl Shared {
+    /// Cancels every call of this connection in flight (the tools see end of file on their
+    /// cancel descriptors; a running command is killed); how many there were.
+    fn cancel_calls(&self) -> usize {
+        std::mem::take(&mut *lock(&self.cancels)).len()
+    }
 }
 
 impl Drop for Shared {
     /// The connection ended (on HTTP: `DELETE`, idle timeout or shutdown): its calls are
     /// cancelled (the cancel pipes close with the map) and its approvals unbound.
     fn drop(&mut self) {
-        lock(&self.hub.peers).remove(&self.id);
         lock(&self.hub.live).remove(&self.id);
         if let Some(id) = self.mcp_session.get() {
             lock(&self.hub.by_mcp_session).remove(id);
@@ -777,7 +785,7 @@ impl Drop for Shared {
         let calls = lock(&self.cancels).len();
         if let Some(session) = self.session.get() {
             self.hub.runtime.host.approvals.unbind(&session.id);
-            if self.hub.http {
+            if self.hub.over_http() {
                 tracing::info!(
                     session = %session.id,
                     cancelled = calls,
@@ -789,12 +797,12 @@ impl Drop for Shared {
 }
 
 /// The MCP handler of one connection.
-#[derive(Clone)]
 pub(crate) struct McpServer {
     shared: Arc<Shared>,
 }
 
-fn random_bytes(n: usize) -> anyhow::Result<Vec<u8>> {
+/// `n` bytes from the kernel's random source.
+pub(crate) fn random_bytes(n: usize) -> anyhow::Result<Vec<u8>> {
     use std::io::Read;
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")
@@ -816,6 +824,7 @@ impl McpServer {
             cancels: Mutex::default(),
             parked: Mutex::default(),
             shown: Mutex::default(),
+            peer: std::sync::OnceLock::new(),
             mcp_session: std::sync::OnceLock::new(),
         });
         lock(&shared.hub.live).insert(id, Arc::downgrade(&shared));
@@ -982,7 +991,7 @@ impl McpServer {
             asks,
             started: Instant::now(),
             feed,
-            output_bytes: None,
+            reported: cordis_sdk::Progress::default(),
         }
     }
 
@@ -1037,7 +1046,9 @@ impl McpServer {
                 line = next_line(&mut running.feed), if running.feed.is_some() => match line {
                     Some(line) => {
                         if let Ok(p) = serde_json::from_str::<cordis_sdk::Progress>(&line) {
-                            running.output_bytes = p.output_bytes.or(running.output_bytes);
+                            let last = &mut running.reported;
+                            last.output_bytes = p.output_bytes.or(last.output_bytes);
+                            last.message = p.message.or(last.message.take());
                         }
                     }
                     None => running.feed = None,
@@ -1361,7 +1372,7 @@ impl ServerHandler for McpServer {
         context.peer.set_peer_info(request.clone());
         let result = self.negotiate_initialize(&request)?;
         self.mark_shown(result.instructions.as_deref());
-        lock(&self.shared.hub.peers).insert(self.shared.id, context.peer.clone());
+        let _ = self.shared.peer.set(context.peer.clone());
         Ok(result)
     }
 
@@ -1381,7 +1392,7 @@ impl ServerHandler for McpServer {
     /// 2026-07-28 does without (its requests are stateless). A client that probes with
     /// `server/discover` sees no modern version and falls back to `initialize`.
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
-        if self.shared.hub.http {
+        if self.shared.hub.over_http() {
             ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE).into()
         } else {
             ProtocolVersion::KNOWN_VERSIONS.into()
@@ -1420,11 +1431,6 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let hub = &self.shared.hub;
-        if hub.http && is_modern(&context) {
-            return Ok(error_result(
-                "cordis serves MCP over HTTP in sessions, one cordis session per MCP session: connect with the `initialize` handshake (protocol 2025-11-25) instead of stateless 2026-07-28 requests".into(),
-            ));
-        }
         if hub.is_closing() {
             return Ok(error_result(
                 "the server is shutting down and takes no new calls; reconnect when it is back"
