@@ -236,12 +236,12 @@ const MUTANT_GROUPS: &[MutantGroup] = &[
     MutantGroup {
         name: "sandbox",
         select: &["-p", "dsh-sandbox"],
-        covering: "package(dsh-sandbox) | binary(fs) | binary(tools)",
+        covering: "package(dsh-sandbox) | test(/^fs::/) | test(/^tools::/)",
     },
     MutantGroup {
         name: "sandbox-policy",
         select: &["-p", "dsh-sandbox-policy"],
-        covering: "binary(tools) | binary(fs) | (binary(reload) & test(/session_mode/))",
+        covering: "test(/^tools::/) | test(/^fs::/) | (test(/^reload::/) & test(/session_mode/))",
     },
     MutantGroup {
         name: "fs-core",
@@ -251,22 +251,22 @@ const MUTANT_GROUPS: &[MutantGroup] = &[
             "-F",
             "fenced_target|Target::|is_escape|sandbox_denied|check_path|PathLocks|in split|regular|read_all|list_dir|too_large|in resolve",
         ],
-        covering: "package(dsh-fs-core) | binary(fs) | binary(tools) | binary(durability)",
+        covering: "package(dsh-fs-core) | test(/^fs::/) | test(/^tools::/) | test(/^durability::/)",
     },
     MutantGroup {
         name: "tool-core",
         select: &["-p", "dsh-tool-core"],
-        covering: "package(dsh-tool-core) | binary(tools)",
+        covering: "package(dsh-tool-core) | test(/^tools::/)",
     },
     MutantGroup {
         name: "host-sessions",
         select: &["-p", "cordis-engine", "-f", "host/engine/src/sessions.rs"],
-        covering: "package(cordis-engine) | binary(host) | binary(durability)",
+        covering: "package(cordis-engine) | test(/^host::/) | test(/^durability::/)",
     },
     MutantGroup {
         name: "host-plan",
         select: &["-p", "cordis-engine", "-f", "host/engine/src/plan.rs"],
-        covering: "package(cordis-engine) | binary(host) | binary(diagnostics) | binary(reload)",
+        covering: "package(cordis-engine) | test(/^host::/) | test(/^diagnostics::/) | test(/^reload::/)",
     },
 ];
 
