@@ -546,3 +546,46 @@ fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
         ],
     );
 }
+
+/// A set-user-ID or set-group-ID file written inside would run with its owner's
+/// privileges outside the sandbox (where the sandbox's root is the host's root): no call
+/// that sets a mode may set either bit, with network on or off, and the files a command
+/// creates carry neither.
+#[test]
+fn nothing_written_inside_carries_setuid_or_setgid() {
+    let layout = Layout::new();
+    let confined = layout.confined();
+    let shell = &confined.shell;
+    let script = "cp /bin/sh suid; chmod 4755 suid; chmod u+s suid; chmod g+s suid; \
+                  python3 -c \"import os; os.chmod('suid', 0o6755)\"; \
+                  python3 -c \"import os; os.close(os.open('created', os.O_CREAT | os.O_WRONLY, 0o6755))\"; \
+                  install -m 4755 /bin/sh installed; mkdir -m 2755 sgid-dir; \
+                  cp /bin/sh plain; chmod 0750 plain; exit 0";
+    for network in [false, true] {
+        for name in ["suid", "created", "installed", "sgid-dir", "plain"] {
+            let _ = std::fs::remove_file(layout.ws.join(name));
+            let _ = std::fs::remove_dir(layout.ws.join(name));
+        }
+        let r = exec(
+            shell,
+            request(script, &layout.ws, Some(layout.policy(Ww, network))),
+        );
+        for name in ["suid", "created", "installed", "sgid-dir"] {
+            let mode = std::fs::metadata(layout.ws.join(name))
+                .map(|m| m.mode())
+                .unwrap_or(0);
+            assert_eq!(
+                mode & 0o6000,
+                0,
+                "network {network}: `{name}` has mode {mode:o}: {r:#?}"
+            );
+        }
+        assert!(
+            r.stderr.contains("Operation not permitted"),
+            "network {network}: the refusal is shown: {r:#?}"
+        );
+        // The control: ordinary modes are set as asked.
+        let plain = std::fs::metadata(layout.ws.join("plain")).expect("plain copied");
+        assert_eq!(plain.mode() & 0o7777, 0o750, "network {network}: {r:#?}");
+    }
+}

@@ -141,9 +141,15 @@ fn library_problems() {
             "no library for plugin `no-such-plugin`",
             "looked for",
             "cordis/plugins/libno_such_plugin.so (the user plugin directory)",
-            "lib/cordis/plugins/libno_such_plugin.so (the installation's plugin directory)",
             "libno_such_plugin.so (next to the cordis binary)",
         ],
+    );
+    // The binary cargo built is no installation: `target/lib/cordis/plugins`, which
+    // nothing creates, is not searched (a sandboxed command could plant a library there).
+    let err = s.run(&["check"]).stderr();
+    assert!(
+        !err.contains("the installation's plugin directory"),
+        "{err}"
     );
     s.write("libs/libfake.so", "not a shared object");
     s.manifest("- name: fake\n  path: libs/libfake.so\n");

@@ -141,75 +141,147 @@ fn a_library_on_the_search_path_cannot_be_replaced_through_cordis_call() {
     assert!(!planted.exists());
 }
 
+/// `git ARGS` in `dir` as a person would run it, outside any sandbox; its output.
+fn person_git(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "protocol.file.allow=always",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git must be installed for this test");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {out:?}",
+        dir.display()
+    );
+    out
+}
+
+/// A git config fragment whose `core.fsmonitor` (run by `git status` and `git commit`)
+/// leaves `proof` behind.
+fn fsmonitor_config(proof: &Path) -> String {
+    format!(
+        "[core]\n\tfsmonitor = \"touch {}; false\"\n\thooksPath = {}\n",
+        proof.display(),
+        proof.with_extension("hooks").display()
+    )
+}
+
+/// Each way a command planted code for a person's next `git status` or `git commit`: an
+/// `.git/commondir` pointing at a config the command wrote, a submodule's config under
+/// `.git/modules`, a hook in a repository that had no `hooks` directory, the `gitdir:`
+/// pointer of a linked worktree, and the config itself. All of the root's git directory
+/// (or `.git` file) is read-only, through both `bash` and `write`; afterwards the person's
+/// git runs none of it. A commit is an approved escalation.
 #[test]
-fn git_hooks_and_config_are_read_only_while_commits_keep_working() {
+fn no_git_code_path_of_the_root_is_writable() {
     let s = Scratch::with_bundled_manifest();
-    let git = |args: &[&str]| {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(s.path())
+    let outside = Outside::new("git");
+    let (repo, origin, wt) = (
+        outside.dir.join("repo"),
+        outside.dir.join("origin"),
+        outside.dir.join("wt"),
+    );
+    let proof = outside.dir.join("pwned");
+    for dir in [&repo, &origin] {
+        std::fs::create_dir_all(dir).expect("repo dir");
+        person_git(dir, &["init", "-q"]);
+        std::fs::write(dir.join("a.txt"), "a\n").expect("a file");
+        person_git(dir, &["add", "a.txt"]);
+        person_git(dir, &["commit", "-qm", "one"]);
+    }
+    person_git(&repo, &["submodule", "-q", "add", "../origin", "sub"]);
+    person_git(&repo, &["commit", "-qm", "sub"]);
+    person_git(&repo, &["worktree", "add", "-q", "../wt"]);
+    std::fs::remove_dir_all(repo.join(".git/hooks")).expect("no hooks dir at start");
+    let config = fsmonitor_config(&proof);
+    let git_dir_before = |dir: &Path| {
+        let out = Command::new("find")
+            .arg(dir)
+            .args(["-printf", "%p %s %m\n"])
             .output()
-            .expect("git must be installed for this test");
-        assert!(out.status.success(), "git {args:?}: {out:?}");
+            .expect("find");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    git(&["init", "-q"]);
-    let hook = s.path().join(".git/hooks/pre-commit");
-    let config = s.path().join(".git/config");
-    let config_before = read(&config);
-    call(
-        &s,
-        &[],
-        "write",
-        json!({"path": hook.display().to_string(), "content": "#!/bin/sh\ntouch ~/pwned\n"}),
-    )
-    .expect_code(1)
-    .expect_output(&[&marker(), ".git/hooks"]);
-    call(
-        &s,
-        &[],
-        "bash",
-        json!({"command": "echo 'touch ~/pwned' > .git/hooks/pre-commit; echo '[core]' >> .git/config; mv .git .git.away"}),
-    )
-    .expect_output(&["Read-only file system", "Device or resource busy"]);
-    assert!(!hook.exists());
-    assert_eq!(read(&config), config_before);
-    call(
-        &s,
-        &[],
-        "bash",
-        json!({"command": "echo hi > a.txt && git add a.txt && git -c user.name=t -c user.email=t@t commit -qm one && git log --oneline | wc -l"}),
-    )
-    .expect_code(0)
-    .expect_output(&["1"]);
-    // An approved escalation may still change a protected path.
-    call(
-        &s,
-        &[],
-        "write",
-        json!({
-            "path": hook.display().to_string(),
-            "content": "#!/bin/sh\n",
-            "sandbox_permissions": "danger-full-access",
-            "justification": "install the project's hook",
-        }),
-    )
-    .expect_code(1)
-    .expect_output(&["unavailable"]);
+    let (repo_git, wt_git) = (git_dir_before(&repo.join(".git")), read(&wt.join(".git")));
+    let bash = |root: &Path, command: &str| {
+        let mut cmd = s.cordis(&[
+            "call",
+            "--cwd",
+            &root.display().to_string(),
+            "bash",
+            &json!({ "command": command }).to_string(),
+        ]);
+        cmd.env("RUST_LOG", "warn");
+        run(cmd, &format!("cordis call bash {command}"), &s)
+    };
+    let attack = format!(
+        "mkdir -p evil && printf '{config}' > evil/config; \
+         echo \"$PWD/evil\" > .git/commondir; \
+         printf '{config}' >> .git/modules/sub/config; \
+         mkdir .git/hooks; printf '#!/bin/sh\\ntouch {proof}\\n' > .git/hooks/pre-commit; \
+         printf '{config}' >> .git/config; \
+         mv .git .git.away; \
+         echo hi > b.txt; git add b.txt; exit 0",
+        proof = proof.display()
+    );
+    bash(&repo, &attack).expect_output(&["Read-only file system", "Device or resource busy"]);
+    let repoint = "mkdir -p .g && cp -r ../repo/.git/worktrees/wt/. .g/ 2>/dev/null; \
+                   printf '[core]\\n\\tfsmonitor = \"touch ../pwned; false\"\\n' > .g/config; \
+                   echo 'gitdir: .g' > .git; exit 0";
+    bash(&wt, repoint).expect_output(&["Read-only file system"]);
+    for (path, content) in [
+        (repo.join(".git/commondir"), "/tmp\n"),
+        (repo.join(".git/hooks/pre-commit"), "#!/bin/sh\n"),
+        (wt.join(".git"), "gitdir: .g\n"),
+    ] {
+        let root = if path.starts_with(&wt) { &wt } else { &repo };
+        let mut write = s.cordis(&[
+            "call",
+            "--cwd",
+            &root.display().to_string(),
+            "write",
+            &json!({"path": path.display().to_string(), "content": content}).to_string(),
+        ]);
+        write.env("RUST_LOG", "warn");
+        run(write, &format!("cordis call write {}", path.display()), &s)
+            .expect_code(1)
+            .expect_output(&[&marker()]);
+    }
+    assert_eq!(git_dir_before(&repo.join(".git")), repo_git);
+    assert_eq!(read(&wt.join(".git")), wt_git);
+    // The person's git afterwards runs nothing the command planted.
+    person_git(&repo, &["status"]);
+    person_git(&repo, &["commit", "-q", "--allow-empty", "-m", "person"]);
+    person_git(&wt, &["status"]);
+    assert!(!proof.exists(), "planted code ran in the person's git");
+    // The control: the work tree is writable, and a commit goes through as one approved
+    // escalation.
+    assert_eq!(read(&repo.join("b.txt")), b"hi\n");
+    let commit = json!({
+        "command": "git add b.txt && git -c user.name=t -c user.email=t@t commit -qm agent && git log --oneline | wc -l",
+        "sandbox_permissions": "danger-full-access",
+        "justification": "commit the change",
+    });
     let mut approved = s.cordis(&[
         "call",
+        "--cwd",
+        &repo.display().to_string(),
         "--approve",
-        "write",
-        &json!({
-            "path": hook.display().to_string(),
-            "content": "#!/bin/sh\n",
-            "sandbox_permissions": "danger-full-access",
-            "justification": "install the project's hook",
-        })
-        .to_string(),
+        "bash",
+        &commit.to_string(),
     ]);
     approved.env("RUST_LOG", "warn");
-    run(approved, "cordis call --approve write", &s).expect_code(0);
-    assert_eq!(read(&hook), b"#!/bin/sh\n");
+    run(approved, "cordis call --approve bash (git commit)", &s)
+        .expect_code(0)
+        .expect_output(&["4\n"]);
 }
 
 #[test]
@@ -419,4 +491,103 @@ fn reads_reveal_neither_the_host_process_nor_denied_paths() {
     call(&s, &env, "bash", json!({"command": "cat plain.txt"}))
         .expect_code(0)
         .expect_output(&["visible"]);
+}
+
+/// The host's state directory holds every session's log (its root and history) and the
+/// HTTP server's bearer token: it is created `0700` (an existing looser one is tightened),
+/// logs `0600`, and no session reads any of it, through `bash` or `read`.
+#[test]
+fn the_hosts_state_is_private_on_disk_and_unreadable_to_sessions() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::with_bundled_manifest();
+    let state = s.state_dir().join("loose");
+    std::fs::create_dir(&state).expect("state dir");
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(state.join("http-token"), format!("{token}\n")).expect("token");
+    let state_env = state.display().to_string();
+    let call_in =
+        |tool: &str, args: Value| call(&s, &[("CORDIS_STATE_DIR", state_env.as_str())], tool, args);
+    call_in("list", json!({"path": "."})).expect_code(0);
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&state), 0o700);
+    assert_eq!(mode(&state.join("sessions")), 0o700);
+    let logs: Vec<PathBuf> = std::fs::read_dir(state.join("sessions"))
+        .expect("sessions")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert!(!logs.is_empty());
+    for log in &logs {
+        assert_eq!(mode(log), 0o600, "{}", log.display());
+    }
+    let r = call_in(
+        "bash",
+        json!({"command": format!(
+            "cat '{0}/http-token'; cat '{0}'/sessions/*.jsonl; ls -A '{0}'; echo visible > mine.txt; cat mine.txt",
+            state.display()
+        )}),
+    );
+    let out = r.stdout();
+    assert!(!out.contains(token), "the token was read: {out}");
+    assert!(!out.contains("\"cwd\""), "a session log was read: {out}");
+    assert!(out.contains("visible"), "the control read works: {out}");
+    call_in("read", json!({"path": logs[0].display().to_string()}))
+        .expect_code(1)
+        .expect_output(&[&marker(), "reading it is denied"]);
+}
+
+/// A hidden path stays hidden when the directory above it is renamed in one call and read
+/// under its new name in the next: the directories between the root and a hidden path (a
+/// plain `denyRead` path or a pattern's match) are pinned, so the rename fails.
+#[test]
+fn deny_read_survives_renaming_the_directories_above() {
+    let s = Scratch::new();
+    for (rel, text) in [
+        ("conf/secret", "s3cret-conf"),
+        ("deep/keys/a.pem", "s3cret-pem"),
+        ("free/plain.txt", "visible"),
+    ] {
+        s.write(rel, text);
+    }
+    s.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    denyRead: ['**/keys/*.pem', '{}']\n\
+         - name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-fs\n- name: dsh-tool-bash\n",
+        s.path().join("conf/secret").display(),
+    ));
+    let r = call(
+        &s,
+        &[],
+        "bash",
+        json!({"command": "mv conf c2; mv deep/keys deep/k2; mv deep d2; mv deep/keys/a.pem deep/keys/a.txt; mv free f2; exit 0"}),
+    );
+    assert!(
+        r.stdout().contains("Device or resource busy"),
+        "{}",
+        r.context()
+    );
+    assert!(
+        s.path().join("f2/plain.txt").exists(),
+        "the control rename: {}",
+        r.context()
+    );
+    for dir in ["conf", "deep/keys"] {
+        assert!(
+            s.path().join(dir).is_dir(),
+            "{dir} was renamed: {}",
+            r.context()
+        );
+    }
+    let r = call(
+        &s,
+        &[],
+        "bash",
+        json!({"command": "cat conf/secret c2/secret deep/keys/a.pem deep/k2/a.pem d2/keys/a.pem deep/keys/a.txt; cat f2/plain.txt"}),
+    );
+    assert!(!r.stdout().contains("s3cret"), "{}", r.context());
+    assert!(r.stdout().contains("visible"), "{}", r.context());
+    for path in ["conf/secret", "deep/keys/a.pem"] {
+        call(&s, &[], "read", json!({ "path": path }))
+            .expect_code(1)
+            .expect_output(&["denyRead"]);
+    }
 }

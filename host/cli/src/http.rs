@@ -257,7 +257,7 @@ fn generate_token(state_dir: &Path) -> anyhow::Result<(String, PathBuf)> {
     let token = hex(&random_bytes(32).context("cannot make a bearer token")?);
     let path = state_dir.join(TOKEN_FILE);
     let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(state_dir)?;
+        cordis_engine::sessions::private_dir(state_dir, Path::new(""))?;
         // A temporary file is created 0600 and renamed into place: the token is never
         // readable by others, nor half-written.
         let mut file = tempfile::NamedTempFile::new_in(state_dir)?;

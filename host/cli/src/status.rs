@@ -91,8 +91,8 @@ impl HostStatus {
 
     /// Writes the status file into `state_dir` atomically (a temp file renamed over it).
     pub fn write(&self, state_dir: &Path) -> std::io::Result<()> {
-        let dir = run_dir(state_dir, self.pid);
-        std::fs::create_dir_all(&dir)?;
+        let dir =
+            cordis_engine::sessions::private_dir(state_dir, &run_dir(Path::new(""), self.pid))?;
         let tmp = dir.join("status.json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
         std::fs::rename(&tmp, dir.join("status.json"))

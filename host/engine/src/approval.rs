@@ -88,9 +88,11 @@ impl Approval for ApprovalService {
 /// (continued on the next line, marked), never cut.
 pub(crate) const WRAP_AT: usize = 100;
 
-/// `text` with every control character (C0, DEL, C1), line or paragraph separator and
-/// bidirectional-formatting character escaped (`\n`, `\u{1b}`, …), so it stays on one
-/// line and cannot restyle or reorder the prompt around it.
+/// `text` with every control character (C0, DEL, C1) and every
+/// [`invisible`](crate::diag::invisible) character (format characters, separators,
+/// default-ignorables, unassigned and private-use code points) escaped (`\n`,
+/// `\u{1b}`, `\u{200b}`, …), so it stays on one line, shows every character it holds, and
+/// cannot restyle or reorder the prompt around it.
 pub(crate) fn escape_line(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -99,13 +101,7 @@ pub(crate) fn escape_line(text: &str) -> String {
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
             '\\' => out.push_str("\\\\"),
-            c if c.is_control()
-                || matches!(
-                    c,
-                    '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
-                )
-                || crate::diag::hostile(c) =>
-            {
+            c if c.is_control() || crate::diag::invisible(c) => {
                 out.push_str(&format!("\\u{{{:x}}}", c as u32));
             }
             c => out.push(c),
@@ -189,6 +185,62 @@ mod tests {
         for line in text.lines() {
             assert!(!line.starts_with("Justification") && !line.starts_with("Approve"));
         }
+    }
+
+    /// Every code point Python's `unicodedata` (an independent source, its own Unicode
+    /// version) calls a control, format character or separator, every default-ignorable
+    /// one its names give away, and the tag block, must be escaped; every letter, number,
+    /// punctuation, symbol, space and mark of any other name must be shown as it is.
+    #[test]
+    fn every_invisible_character_by_an_independent_table_is_escaped() {
+        const TABLE: &str = r#"
+import sys, unicodedata
+HIDDEN_NAMES = ("VARIATION SELECTOR", "HANGUL FILLER", "HANGUL CHOSEONG FILLER",
+    "HANGUL JUNGSEONG FILLER", "HALFWIDTH HANGUL FILLER", "MONGOLIAN VOWEL SEPARATOR",
+    "COMBINING GRAPHEME JOINER", "KHMER VOWEL INHERENT", "MONGOLIAN FREE VARIATION SELECTOR")
+out = []
+for cp in range(0x110000):
+    if 0xD800 <= cp <= 0xDFFF:
+        continue
+    c = chr(cp)
+    cat = unicodedata.category(c)
+    name = unicodedata.name(c, "")
+    if cat in ("Cc", "Cf", "Zl", "Zp") or 0xE0000 <= cp <= 0xE007F \
+            or any(name.startswith(n) for n in HIDDEN_NAMES):
+        out.append("E %x" % cp)
+    elif cat[0] in "LNPSM" or cat == "Zs":
+        out.append("K %x" % cp)
+sys.stdout.write("\n".join(out))
+"#;
+        let output = std::process::Command::new("python3")
+            .args(["-c", TABLE])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("this test needs python3 (its unicodedata is the reference table): {e}")
+            });
+        assert!(output.status.success(), "{output:?}");
+        let table = String::from_utf8(output.stdout).unwrap();
+        let (mut escaped, mut kept) = (0, 0);
+        for line in table.lines() {
+            let (kind, hex) = line.split_once(' ').unwrap();
+            let c = char::from_u32(u32::from_str_radix(hex, 16).unwrap()).unwrap();
+            let text = c.to_string();
+            let shown = escape_line(&text);
+            if kind == "E" {
+                escaped += 1;
+                assert!(
+                    shown.starts_with("\\u{") || shown.len() == 2 && shown.starts_with('\\'),
+                    "U+{hex} is invisible and must be escaped, was shown as {shown:?}"
+                );
+            } else if c != '\\' {
+                kept += 1;
+                assert_eq!(shown, text, "U+{hex} is visible and must be shown as it is");
+            }
+        }
+        // The reference is not empty: Unicode 14 has over 300 such code points and over
+        // 140,000 visible ones.
+        assert!(escaped > 300 && kept > 140_000, "{escaped} {kept}");
+        assert!(crate::diag::hostile('\u{e0041}'));
     }
 
     #[test]

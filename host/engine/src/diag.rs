@@ -238,13 +238,62 @@ fn snippet_span(source: &str, pos: Pos) -> Option<(Cow<'_, str>, std::ops::Range
 }
 
 /// Whether `c` in untrusted text could act on a terminal or change how the text around it
-/// reads: the C1 controls (U+0080–U+009F, among them the one-character CSI) and the
-/// bidirectional overrides and isolates. (The C0 controls are each renderer's own
-/// business: `annotate-snippets` shows them as symbols, approvals escape them.)
+/// reads: the C1 controls (U+0080–U+009F, among them the one-character CSI) and every
+/// [`invisible`] character. (The C0 controls are each renderer's own business:
+/// `annotate-snippets` shows them as symbols, approvals escape them.)
 pub fn hostile(c: char) -> bool {
-    ('\u{80}'..='\u{9f}').contains(&c)
-        || ('\u{202a}'..='\u{202e}').contains(&c)
-        || ('\u{2066}'..='\u{2069}').contains(&c)
+    ('\u{80}'..='\u{9f}').contains(&c) || invisible(c)
+}
+
+/// The code points Unicode marks as default-ignorable (`Default_Ignorable_Code_Point` in
+/// `DerivedCoreProperties.txt`): a renderer shows nothing for them, whatever their general
+/// category (the Hangul fillers are letters, the variation selectors marks).
+const DEFAULT_IGNORABLE: [(char, char); 19] = [
+    ('\u{ad}', '\u{ad}'),
+    ('\u{34f}', '\u{34f}'),
+    ('\u{61c}', '\u{61c}'),
+    ('\u{115f}', '\u{1160}'),
+    ('\u{17b4}', '\u{17b5}'),
+    ('\u{180b}', '\u{180f}'),
+    ('\u{200b}', '\u{200f}'),
+    ('\u{202a}', '\u{202e}'),
+    ('\u{2060}', '\u{206f}'),
+    ('\u{3164}', '\u{3164}'),
+    ('\u{fe00}', '\u{fe0f}'),
+    ('\u{feff}', '\u{feff}'),
+    ('\u{ffa0}', '\u{ffa0}'),
+    ('\u{fff0}', '\u{fff8}'),
+    ('\u{1bca0}', '\u{1bca3}'),
+    ('\u{1d173}', '\u{1d17a}'),
+    ('\u{e0000}', '\u{e0fff}'),
+    ('\u{2028}', '\u{2029}'),
+    ('\u{fffe}', '\u{ffff}'),
+];
+
+/// Whether `c` shows nothing, or not what it is, where a person reads untrusted text: a
+/// format character (Unicode category `Cf`: zero-width characters, the byte-order mark,
+/// the soft hyphen, bidirectional marks, overrides and isolates, the tag characters), a
+/// line or paragraph separator (`Zl`, `Zp`), a private-use, surrogate or unassigned code
+/// point (`Co`, `Cs`, `Cn`: a later Unicode or a font may draw it as anything, or as
+/// nothing), or a default-ignorable code point of another category (Hangul fillers, the
+/// Mongolian vowel separator and variation selectors, the combining grapheme joiner).
+/// Controls (`Cc`) are left to the caller, which escapes or symbolizes them.
+pub fn invisible(c: char) -> bool {
+    use unicode_general_category::{get_general_category, GeneralCategory as G};
+    if c.is_ascii() {
+        return false;
+    }
+    matches!(
+        get_general_category(c),
+        G::Format
+            | G::LineSeparator
+            | G::ParagraphSeparator
+            | G::PrivateUse
+            | G::Surrogate
+            | G::Unassigned
+    ) || DEFAULT_IGNORABLE
+        .iter()
+        .any(|(first, last)| (*first..=*last).contains(&c))
 }
 
 /// `text` with every [`hostile`] character replaced by `\u{FFFD}`, one character for one

@@ -98,9 +98,12 @@ pub fn user_plugin_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Opti
 }
 
 /// The directories searched after the explicit ones, in order: the user's plugin
-/// directory ([`user_plugin_dir`]), the installation's (`<dir of cordis>/../lib/cordis/plugins`,
-/// where a release archive puts the bundled plugins) and the directory of the `cordis`
-/// binary itself (cargo's build output, where a checkout's plugins land).
+/// directory ([`user_plugin_dir`]), the installation's (`<prefix>/lib/cordis/plugins`,
+/// where a release archive puts the bundled plugins) only for an installed binary (one in
+/// a `<prefix>/bin` directory), and the directory of the `cordis` binary itself (cargo's
+/// build output, where a checkout's plugins land). A binary cargo built in a checkout
+/// (`target/<profile>/cordis`) does not search `target/lib/cordis/plugins`: nothing
+/// creates that directory, so a command sandboxed in the checkout could.
 pub fn standard_plugin_dirs(
     env: impl Fn(&str) -> Option<std::ffi::OsString>,
     exe: Option<&Path>,
@@ -110,7 +113,10 @@ pub fn standard_plugin_dirs(
         dirs.push((user, "the user plugin directory"));
     }
     if let Some(bin) = exe.and_then(Path::parent) {
-        let installed = bin.parent().map(|prefix| prefix.join("lib/cordis/plugins"));
+        let installed = bin
+            .parent()
+            .filter(|_| bin.file_name().is_some_and(|name| name == "bin"))
+            .map(|prefix| prefix.join("lib/cordis/plugins"));
         if let Some(installed) = installed {
             dirs.push((installed, "the installation's plugin directory"));
         }
@@ -715,5 +721,12 @@ mod tests {
             ]
         );
         assert_eq!(dirs(&[]), [installed, bin]);
+        // A build output is not an installation.
+        let built = Path::new("/w/target/release/cordis");
+        let searched: Vec<PathBuf> = standard_plugin_dirs(env(&[]), Some(built))
+            .into_iter()
+            .map(|(d, _)| d)
+            .collect();
+        assert_eq!(searched, [PathBuf::from("/w/target/release")]);
     }
 }

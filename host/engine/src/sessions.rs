@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +23,25 @@ pub(crate) const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
 /// each session's sandbox mode inside the session's own workspace).
 pub fn default_state_dir(flag: Option<&Path>) -> Option<PathBuf> {
     state_dir_from(flag, |name| std::env::var_os(name))
+}
+
+/// Creates `state_dir` and `sub` beneath it (empty: none), every directory it creates
+/// `0700`, and takes group and other access away from an existing `state_dir` this user
+/// owns: what the host keeps there (session logs, its HTTP token, status files) is no one
+/// else's to read.
+pub fn private_dir(state_dir: &Path, sub: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true).mode(0o700);
+    builder.create(state_dir)?;
+    let meta = std::fs::metadata(state_dir)?;
+    // SAFETY: a plain system call without arguments.
+    if meta.mode() & 0o077 != 0 && meta.uid() == unsafe { libc::geteuid() } {
+        std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let dir = state_dir.join(sub);
+    builder.create(&dir)?;
+    Ok(dir)
 }
 
 /// What to say when a command needs a state directory and none is set.
@@ -214,8 +234,7 @@ impl SessionStore {
             let meta = std::fs::metadata(&cwd).map_err(|e| SessionError::BadCwd(cwd.clone(), e))?;
             Some((meta.dev(), meta.ino()))
         };
-        let dir = self.sessions_dir();
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let dir = private_dir(&self.dir, Path::new("sessions")).map_err(io(&self.dir))?;
         let id = new_id();
         let path = self.path_of(&id);
         let header = Line::Header {
@@ -228,6 +247,7 @@ impl SessionStore {
         let mut file = OpenOptions::new()
             .create_new(true)
             .append(true)
+            .mode(0o600)
             .open(&path)
             .map_err(io(&path))?;
         write_line(&mut file, &header).map_err(io(&path))?;

@@ -46,7 +46,7 @@ pub struct Config {
     pub writable_roots: Vec<PathBuf>,
     /// List of paths or glob patterns; default none. Kept read-only to every call below
     /// `danger-full-access`, even beneath a writable root (in addition to what defines the
-    /// running composition and `.git/hooks`, `.git/config` of every writable root). A path
+    /// running composition and the `.git` of every writable root). A path
     /// is absolute or starts with `~/`; a pattern (`*`, `?`, `[`) matches whole
     /// paths, `**/` any directories (`**/.env`). Patterns are applied to commands for what
     /// they match inside the workspace when the command starts.
@@ -55,6 +55,7 @@ pub struct Config {
     /// List of paths or glob patterns, as `protectedPaths`; default none. Unreadable to
     /// every call below `danger-full-access`: the `fs` backends refuse them and confined
     /// commands see an empty file or directory in their place (e.g. `~/.ssh`, `**/.env`).
+    /// The host's state directory (session logs, its HTTP token) is always unreadable.
     #[serde(default)]
     pub deny_read: Vec<PathBuf>,
 }
@@ -413,6 +414,16 @@ impl Plugin for SandboxPolicyPlugin {
             writable_roots.push(canonical);
         }
         let composition: Option<CompositionClient> = ctx.inject_optional(COMPOSITION)?;
+        let mut deny_read = path_rules("denyRead", &config.deny_read)?;
+        // The host's own files (its HTTP token, every session's log, status files) are no
+        // session's to read: with the token and network on, a command could open a session
+        // of its own and answer its own approvals.
+        if let Some(c) = &composition {
+            let state_dir = c.state_dir(())?;
+            if !state_dir.as_os_str().is_empty() {
+                deny_read.push(state_dir);
+            }
+        }
         let policy = Policy {
             sessions,
             composition,
@@ -421,7 +432,7 @@ impl Plugin for SandboxPolicyPlugin {
             network: config.network,
             writable_roots,
             protected_paths: path_rules("protectedPaths", &config.protected_paths)?,
-            deny_read: path_rules("denyRead", &config.deny_read)?,
+            deny_read,
             families: Mutex::new(Families::default()),
         };
         let fence = Fence::of(

@@ -2,10 +2,11 @@
 //! network namespaces with a read-only view of `/` in which exactly the roots
 //! [`dsh_sandbox::writable_roots`] names are writable, a minimal `/dev` and a fresh `/proc`;
 //! no capabilities; Landlock on top with the same writable roots (plus `/dev/null`), signal
-//! and abstract-socket scoping; and, with network off, a seccomp filter refusing
-//! `socket(AF_UNIX, …)` (a path-named socket outside the roots would otherwise reach a
-//! host daemon) and `io_uring_setup` (whose operations bypass seccomp). Also the
-//! conservative detection of the denials it causes.
+//! and abstract-socket scoping; and a seccomp filter refusing set-user-ID and
+//! set-group-ID modes (a file written inside must not carry privilege outside), `openat2`
+//! and `io_uring_setup` (whose operations bypass seccomp), and, with network off,
+//! `socket(AF_UNIX, …)` (a path-named socket outside the roots would otherwise reach a host
+//! daemon). Also the conservative detection of the denials it causes.
 //!
 //! Landlock's filesystem rights are pinned to [`PINNED_ABI`] with
 //! [`CompatLevel::HardRequirement`]: a kernel that cannot enforce every handled right makes
@@ -88,6 +89,24 @@ pub enum ConfineError {
         /// How many entries it visited before it stopped.
         visited: usize,
     },
+    /// A protected path does not exist and only the writable root above it does, so a
+    /// command could create it.
+    #[error("the protected path `{}` does not exist, and a command could create it directly in the writable root `{}`", path.display(), root.display())]
+    AbsentProtected {
+        /// The protected path.
+        path: PathBuf,
+        /// The writable root it would be created in.
+        root: PathBuf,
+    },
+    /// Whether a protected path exists, or where it leads, cannot be told.
+    #[error("cannot check the protected path `{}`: {source}", path.display())]
+    Unverifiable {
+        /// The path.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
     /// More writable roots and protected paths than one view binds.
     #[error("{count} writable roots and protected paths; a sandbox binds at most {MAX_BINDS}")]
     TooManyBinds {
@@ -120,6 +139,13 @@ impl ConfineError {
                     .to_string()
             }
             ConfineError::BadPath { .. } => "use paths without NUL bytes".to_string(),
+            ConfineError::AbsentProtected { path, .. } => format!(
+                "create it (`mkdir -p '{}'` for a directory) so commands see it read-only, or stop protecting it",
+                path.display()
+            ),
+            ConfineError::Unverifiable { .. } => {
+                "make the path and the directories above it readable by the host (a command may have changed their modes), or stop protecting it".to_string()
+            }
             ConfineError::TooManyEntries { .. } => {
                 "list exact paths in `protectedPaths` and `denyRead` instead of patterns, or use them in a smaller workspace".to_string()
             }
@@ -177,33 +203,65 @@ impl Confinement {
         };
         let mut protected: Vec<PathBuf> = Vec::new();
         let mut pinned: Vec<PathBuf> = Vec::new();
+        let mut keep = |path: PathBuf, root: &Path| {
+            pinned.extend(directories_between(&path, root));
+            protected.push(path);
+        };
         for root in &writable {
             for path in expand(&fence.protected, root)? {
                 // A symlink is protected where it leads; outside the root it is read-only.
-                let Ok(path) = path.canonicalize() else {
-                    continue;
-                };
-                if !is_within(&path, root) {
+                let canonical =
+                    path.canonicalize()
+                        .map_err(|source| ConfineError::Unverifiable {
+                            path: path.clone(),
+                            source,
+                        })?;
+                if is_within(&canonical, root) {
+                    keep(canonical, root);
+                }
+            }
+            // A protected path a command could create: its nearest existing directory
+            // stays read-only, so it cannot be.
+            for path in &fence.protected.paths {
+                if !is_within(path, root) || fence.optional.contains(path) {
                     continue;
                 }
-                pinned.extend(
-                    path.ancestors()
-                        .skip(1)
-                        .take_while(|a| *a != root.as_path() && is_within(a, root))
-                        .map(Path::to_path_buf),
-                );
-                protected.push(path);
+                if let Some(ancestor) = creatable(path, root)? {
+                    keep(ancestor, root);
+                }
             }
         }
-        let mut hidden: Vec<PathBuf> = fence
-            .deny_read
-            .paths
-            .iter()
-            .filter(|p| p.symlink_metadata().is_ok())
-            .cloned()
-            .collect();
+        let mut hidden: Vec<PathBuf> = Vec::new();
+        for path in &fence.deny_read.paths {
+            match path.symlink_metadata() {
+                Ok(_) => hidden.push(path.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(ConfineError::Unverifiable {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
         if policy.workspace_root.is_dir() {
             hidden.extend(expand(&fence.deny_read, &policy.workspace_root)?);
+        }
+        // Hidden where it leads (a dangling symlink hides nothing); pinned like a protected
+        // path, so renaming a directory above it cannot take it out from under its cover.
+        let mut resolved = Vec::with_capacity(hidden.len());
+        for path in hidden {
+            match path.canonicalize() {
+                Ok(canonical) => resolved.push(canonical),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(ConfineError::Unverifiable { path, source }),
+            }
+        }
+        let mut hidden = resolved;
+        for path in &hidden {
+            if let Some(root) = writable.iter().find(|r| is_within(path, r)) {
+                pinned.extend(directories_between(path, root));
+            }
         }
         for list in [&mut protected, &mut pinned, &mut hidden] {
             list.sort_by_key(|p| p.components().count());
@@ -219,10 +277,8 @@ impl Confinement {
                 .map(|p| c_path(p))
                 .collect::<Result<Vec<_>, _>>()
         };
-        let (hidden_dirs, hidden_files): (Vec<PathBuf>, Vec<PathBuf>) = hidden
-            .into_iter()
-            .filter_map(|p| p.canonicalize().ok())
-            .partition(|p| p.is_dir());
+        let (hidden_dirs, hidden_files): (Vec<PathBuf>, Vec<PathBuf>) =
+            hidden.into_iter().partition(|p| p.is_dir());
         // SAFETY: plain system calls without arguments.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let map = |id: u32| CString::new(format!("{id} {id} 1\n")).expect("no NUL in digits");
@@ -241,14 +297,57 @@ impl Confinement {
                 cwd: CString::default(),
                 network: policy.network,
                 landlock,
-                seccomp: if policy.network {
-                    Vec::new()
-                } else {
-                    socket_filter()?
-                },
+                seccomp: seccomp_filter(policy.network)?,
             },
         }))
     }
+}
+
+/// The directories strictly between `root` and `path` beneath it, innermost first: what
+/// is pinned (bound onto itself, so it cannot be renamed) above a protected or hidden path.
+fn directories_between<'a>(path: &'a Path, root: &'a Path) -> impl Iterator<Item = PathBuf> + 'a {
+    path.ancestors()
+        .skip(1)
+        .take_while(move |a| *a != root && is_within(a, root))
+        .map(Path::to_path_buf)
+}
+
+/// For a protected `path` beneath the writable `root` that does not exist: its nearest
+/// existing ancestor, to be kept read-only so the command cannot create `path`. `None` when
+/// `path` exists (it is bound where it is) or its nearest existing ancestor resolves
+/// outside `root` (read-only there already). An error when that ancestor is `root` itself
+/// (keeping the whole root read-only is not what a writable root means: the operator
+/// creates the path or stops protecting it) or when the host cannot tell whether the path
+/// exists: a check that cannot be made refuses the command.
+fn creatable(path: &Path, root: &Path) -> Result<Option<PathBuf>, ConfineError> {
+    let unverifiable = |at: &Path, source| ConfineError::Unverifiable {
+        path: at.to_path_buf(),
+        source,
+    };
+    let mut at = path;
+    loop {
+        match at.symlink_metadata() {
+            Ok(_) if at == path => return Ok(None),
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(unverifiable(at, e)),
+        }
+        match at.parent() {
+            Some(parent) => at = parent,
+            None => return Ok(None),
+        }
+    }
+    let ancestor = at.canonicalize().map_err(|e| unverifiable(at, e))?;
+    if !is_within(&ancestor, root) {
+        return Ok(None);
+    }
+    if ancestor == root {
+        return Err(ConfineError::AbsentProtected {
+            path: path.to_path_buf(),
+            root: root.to_path_buf(),
+        });
+    }
+    Ok(Some(ancestor))
 }
 
 /// The Landlock ruleset: write-ish rights only beneath `roots`, signals and abstract unix
@@ -280,9 +379,39 @@ fn landlock_ruleset(roots: &[PathBuf]) -> Result<std::os::fd::OwnedFd, ConfineEr
     fd.ok_or(ConfineError::NotEnforced)
 }
 
-/// With network off: `socket(AF_UNIX, …)` and `io_uring_setup` fail with `EPERM`;
-/// everything else is allowed. `socketpair` stays allowed (it reaches nothing outside).
-fn socket_filter() -> Result<Vec<libc::sock_filter>, ConfineError> {
+/// The system calls that take a file mode, each with the index of its mode argument: with
+/// a set-user-ID or set-group-ID bit in it they fail, so nothing a command writes carries
+/// privilege outside the sandbox (where its root is the host's root).
+const MODE_ARGUMENT: [(libc::c_long, u8); 6] = [
+    (libc::SYS_fchmod, 1),
+    (libc::SYS_fchmodat, 2),
+    (libc::SYS_fchmodat2, 2),
+    (libc::SYS_openat, 3),
+    (libc::SYS_mknodat, 2),
+    (libc::SYS_mkdirat, 2),
+];
+
+/// [`MODE_ARGUMENT`]'s older system calls, which only some architectures still have.
+#[cfg(target_arch = "x86_64")]
+const LEGACY_MODE_ARGUMENT: &[(libc::c_long, u8)] = &[
+    (libc::SYS_chmod, 1),
+    (libc::SYS_open, 2),
+    (libc::SYS_creat, 1),
+    (libc::SYS_mknod, 1),
+    (libc::SYS_mkdir, 1),
+];
+#[cfg(not(target_arch = "x86_64"))]
+const LEGACY_MODE_ARGUMENT: &[(libc::c_long, u8)] = &[];
+
+/// The seccomp program of a confined command; every rule fails its call with `EPERM`,
+/// everything else is allowed:
+/// - always: a mode with `S_ISUID` or `S_ISGID` in any call of [`MODE_ARGUMENT`] and
+///   [`LEGACY_MODE_ARGUMENT`];
+///   `openat2` (its mode sits in a structure seccomp cannot read; callers fall back to
+///   `openat`) and `io_uring_setup` (its operations bypass seccomp);
+/// - with network off: `socket(AF_UNIX, …)` (a path-named socket outside the roots would
+///   reach a host daemon). `socketpair` stays allowed (it reaches nothing outside).
+fn seccomp_filter(network: bool) -> Result<Vec<libc::sock_filter>, ConfineError> {
     use seccompiler::{
         BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
         SeccompRule, TargetArch,
@@ -291,20 +420,29 @@ fn socket_filter() -> Result<Vec<libc::sock_filter>, ConfineError> {
         reason: e.to_string(),
     };
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
-    let unix = SeccompCondition::new(
-        0,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::Eq,
-        libc::AF_UNIX as u64,
-    )
-    .map_err(|e| err(&e))?;
-    let rules = [
-        (
-            libc::SYS_socket,
-            vec![SeccompRule::new(vec![unix]).map_err(|e| err(&e))?],
-        ),
-        (libc::SYS_io_uring_setup, vec![]),
-    ];
+    let condition = |arg: u8, op: SeccompCmpOp, value: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| err(&e))
+    };
+    let rule = |conditions| SeccompRule::new(conditions).map_err(|e| err(&e));
+    let mut rules = std::collections::BTreeMap::new();
+    for &(call, arg) in MODE_ARGUMENT.iter().chain(LEGACY_MODE_ARGUMENT) {
+        let mut alternatives = Vec::new();
+        for bit in [libc::S_ISUID, libc::S_ISGID] {
+            let bit = u64::from(bit);
+            alternatives.push(rule(vec![condition(
+                arg,
+                SeccompCmpOp::MaskedEq(bit),
+                bit,
+            )?])?);
+        }
+        rules.insert(call, alternatives);
+    }
+    rules.insert(libc::SYS_openat2, vec![]);
+    rules.insert(libc::SYS_io_uring_setup, vec![]);
+    if !network {
+        let unix = condition(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
+        rules.insert(libc::SYS_socket, vec![rule(vec![unix])?]);
+    }
     let filter = SeccompFilter::new(
         rules.into_iter().collect(),
         SeccompAction::Allow,
@@ -364,6 +502,20 @@ mod tests {
     use crate::run;
     use dsh_shell_api::ExecRequest;
 
+    /// `command` in `cwd`, with a 10 s timeout and no policy of its own.
+    fn request(command: &str, cwd: &Path) -> ExecRequest {
+        ExecRequest {
+            command: command.into(),
+            cwd: cwd.to_path_buf(),
+            env: vec![],
+            timeout_ms: Some(10_000),
+            output_limit: None,
+            policy: None,
+            cancel_fd: None,
+            progress_fd: None,
+        }
+    }
+
     fn policy(mode: SandboxMode, root: &Path) -> SandboxExecutionPolicy {
         SandboxExecutionPolicy {
             mode,
@@ -399,16 +551,7 @@ mod tests {
         let ro = policy(SandboxMode::ReadOnly, &outside);
         let confinement = Confinement::prepare(&ro)
             .unwrap_or_else(|e| panic!("Landlock must be available for these tests: {e}"));
-        let req = ExecRequest {
-            command: "echo x > denied.txt".into(),
-            cwd: outside.clone(),
-            env: vec![],
-            timeout_ms: Some(10_000),
-            output_limit: None,
-            policy: None,
-            cancel_fd: None,
-            progress_fd: None,
-        };
+        let req = request("echo x > denied.txt", &outside);
         let mut r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         flag_denial(&mut r, SandboxMode::ReadOnly);
         assert!(
@@ -433,26 +576,18 @@ mod tests {
         let protected = vec![
             ws.join("conf/cordis.yml"),
             ws.join("guarded"),
-            ws.join("absent"),
+            ws.join("guarded/absent"),
         ];
         let confinement = Confinement::prepare(&SandboxExecutionPolicy {
             protected_paths: protected,
             ..policy(SandboxMode::WorkspaceWrite, &ws)
         })
         .unwrap();
-        let req = ExecRequest {
-            command:
-                "cd conf; echo evil > cordis.yml; touch ../guarded/new; rm cordis.yml; cd ..; \
-                      mv conf conf2; echo ok > free.txt"
-                    .into(),
-            cwd: ws.clone(),
-            env: vec![],
-            timeout_ms: Some(10_000),
-            output_limit: None,
-            policy: None,
-            cancel_fd: None,
-            progress_fd: None,
-        };
+        let req = request(
+            "cd conf; echo evil > cordis.yml; touch ../guarded/new; rm cordis.yml; cd ..; \
+                      mv conf conf2; echo ok > free.txt",
+            &ws,
+        );
         let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         assert_eq!(
             std::fs::read_to_string(ws.join("conf/cordis.yml")).unwrap(),
@@ -470,6 +605,52 @@ mod tests {
             2,
             "{r:?}"
         );
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    #[test]
+    fn a_protected_path_that_does_not_exist_cannot_be_created() {
+        let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../target/shell-core-absent-test");
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(ws.join("lib")).unwrap();
+        let ws = ws.canonicalize().unwrap();
+        let prepare = |protected: Vec<PathBuf>| {
+            Confinement::prepare(&SandboxExecutionPolicy {
+                protected_paths: protected,
+                ..policy(SandboxMode::WorkspaceWrite, &ws)
+            })
+        };
+        let plugins = ws.join("lib/cordis/plugins");
+        let req = request(
+            "mkdir -p lib/cordis/plugins && echo planted > lib/cordis/plugins/libx.so; \
+                      touch lib/other; echo ok > free.txt",
+            &ws,
+        );
+        let r = run(
+            &req,
+            prepare(vec![plugins.clone()]).unwrap(),
+            &crate::EnvPolicy::default(),
+        )
+        .unwrap();
+        assert!(!ws.join("lib/cordis").exists(), "{r:?}");
+        assert!(r.stderr.contains("Read-only file system"), "{r:?}");
+        // The control: the rest of the root stays writable.
+        assert_eq!(
+            std::fs::read_to_string(ws.join("free.txt")).unwrap(),
+            "ok\n"
+        );
+        // Directly in the root, keeping it from being created would take the whole root:
+        // the command is refused, and the error says how to fix it.
+        let Err(e) = prepare(vec![ws.join("absent/plugins")]) else {
+            panic!("an absent protected path directly in the root must refuse the command");
+        };
+        assert!(matches!(e, ConfineError::AbsentProtected { .. }), "{e}");
+        assert!(e.to_string().contains("absent/plugins"), "{e}");
+        assert!(e.help().contains("mkdir -p"), "{}", e.help());
+        // A git directory is protected only where it exists: a workspace need not be a
+        // repository.
+        assert!(prepare(vec![]).is_ok());
         std::fs::remove_dir_all(&ws).unwrap();
     }
 

@@ -8,10 +8,13 @@ use glob::{MatchOptions, Pattern};
 
 use crate::{is_within, SandboxExecutionPolicy};
 
-/// Paths beneath every writable root that stay read-only (as Codex does): a hook or a
-/// config line planted there runs the agent's code the next time a person uses git.
-/// Not all of `.git`: commits must keep working.
-pub const GIT_PROTECTED: [&str; 2] = [".git/hooks", ".git/config"];
+/// What stays read-only beneath every writable root while it exists: the repository's
+/// whole git directory, or the `.git` file of a linked worktree or submodule (as Codex
+/// does). git reads code from many places in it (`config`, `hooks/`, `commondir`,
+/// `config.worktree`, `modules/*/`, `worktrees/*/`, `info/`, the `gitdir:` pointer itself),
+/// so protecting named files leaves aliases open; a command commits through an approved
+/// escalation. A command may still create a new repository where there was none.
+pub const GIT_PROTECTED: [&str; 1] = [".git"];
 
 /// The most directory entries one glob expansion visits ([`PathSet::expand_beneath`]).
 pub const EXPAND_BUDGET: usize = 50_000;
@@ -146,6 +149,9 @@ pub struct Fence {
     /// What no call below `danger-full-access` may modify: the policy's protected paths
     /// and, beneath every writable root, [`GIT_PROTECTED`].
     pub protected: PathSet,
+    /// The protected paths that are protected only while they exist (the git directories
+    /// of [`GIT_PROTECTED`]); every other protected path is kept from being created too.
+    pub optional: Vec<PathBuf>,
     /// What no call below `danger-full-access` may read.
     pub deny_read: PathSet,
     /// Candidate roots left out, each with the reason (for the start-up log).
@@ -185,8 +191,11 @@ impl Fence {
         }
         let mut protected: Vec<PathBuf> = policy.protected_paths.clone();
         for root in &roots {
-            protected.extend(GIT_PROTECTED.iter().map(|p| root.join(p)));
+            fence
+                .optional
+                .extend(GIT_PROTECTED.iter().map(|p| root.join(p)));
         }
+        protected.extend(fence.optional.iter().cloned());
         fence.writable_roots = roots;
         fence.protected = PathSet::new(protected);
         fence.deny_read = PathSet::new(policy.deny_read.iter().cloned());
@@ -294,15 +303,19 @@ mod tests {
             workspace_root: ws.clone(),
             ..Default::default()
         });
-        assert!(fence
-            .protected
-            .covering(&ws.join(".git/hooks/pre-commit"))
-            .is_some());
-        assert!(fence.protected.covering(&ws.join(".git/config")).is_some());
-        assert!(fence
-            .protected
-            .covering(&ws.join(".git/objects/ab"))
-            .is_none());
+        for inside in [
+            ".git/hooks/pre-commit",
+            ".git/config",
+            ".git/commondir",
+            ".git",
+        ] {
+            assert!(
+                fence.protected.covering(&ws.join(inside)).is_some(),
+                "{inside}"
+            );
+        }
+        assert!(fence.optional.contains(&ws.join(".git")));
+        assert!(fence.protected.covering(&ws.join(".gitignore")).is_none());
         assert!(fence.protected.covering(&ws.join("src/main.rs")).is_none());
     }
 
