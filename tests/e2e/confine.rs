@@ -589,3 +589,73 @@ fn nothing_written_inside_carries_setuid_or_setgid() {
         assert_eq!(plain.mode() & 0o7777, 0o750, "network {network}: {r:#?}");
     }
 }
+
+/// Each resource limit holds, bounded by itself (the bombs here never touch the machine's
+/// own limits): a fork bomb stops at the process limit, a memory hog is killed at the
+/// memory limit, a file stops growing at the file size limit, a busy loop is killed at
+/// the CPU limit. Each result names its limit; the host keeps serving, and `/dev/shm`
+/// works within its own bound.
+#[test]
+fn each_resource_limit_stops_its_command_and_says_so() {
+    let layout = Layout::new();
+    let scratch = Scratch::new();
+    scratch.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n    limits: {{memoryMib: 64, processes: 32, fileSizeMib: 1, cpuSeconds: 1}}\n- name: dsh-bash-sandbox\n",
+        layout.ws.display()
+    ));
+    let started = scratch.start();
+    let shell = shell_of(&started);
+    let run = |command: &str, timeout_ms: u64| {
+        let mut req = request(command, &layout.ws, None);
+        req.timeout_ms = Some(timeout_ms);
+        let started = Instant::now();
+        let r = exec(&shell, req);
+        (r, started.elapsed())
+    };
+    let (r, _) = run("f() { f | f & }; f; sleep 2", 3_000);
+    assert_eq!(
+        r.limit_reached.as_deref(),
+        Some("process limit (32)"),
+        "{r:#?}"
+    );
+    let (r, _) = run(
+        "python3 -c \"b = b'x' * (256 << 20); print(len(b))\"",
+        20_000,
+    );
+    assert_eq!(r.signal, Some(libc::SIGKILL), "{r:#?}");
+    assert_eq!(
+        r.limit_reached.as_deref(),
+        Some("memory limit (64 MiB)"),
+        "{r:#?}"
+    );
+    let (r, _) = run("head -c 2097152 /dev/zero > big", 20_000);
+    assert_eq!(
+        r.limit_reached.as_deref(),
+        Some("file size limit (1 MiB)"),
+        "{r:#?}"
+    );
+    let size = std::fs::metadata(layout.ws.join("big")).expect("big").len();
+    assert_eq!(size, 1 << 20, "{r:#?}");
+    let (r, took) = run("while :; do :; done", 20_000);
+    assert_eq!(
+        r.limit_reached.as_deref(),
+        Some("CPU time limit (1 s)"),
+        "{r:#?}"
+    );
+    assert!(
+        !r.timed_out && took < Duration::from_secs(10),
+        "{took:?} {r:#?}"
+    );
+    // The control: within the limits nothing is named, and POSIX semaphores in /dev/shm
+    // work.
+    let (r, _) = run(
+        "python3 -c \"import multiprocessing as m; s = m.Semaphore(); s.acquire(); print('sem ok')\"",
+        20_000,
+    );
+    assert_eq!(
+        (r.exit_code, r.limit_reached.as_deref()),
+        (Some(0), None),
+        "{r:#?}"
+    );
+    assert!(r.stdout.contains("sem ok"), "{r:#?}");
+}

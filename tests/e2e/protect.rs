@@ -177,9 +177,10 @@ fn fsmonitor_config(proof: &Path) -> String {
 /// Each way a command planted code for a person's next `git status` or `git commit`: an
 /// `.git/commondir` pointing at a config the command wrote, a submodule's config under
 /// `.git/modules`, a hook in a repository that had no `hooks` directory, the `gitdir:`
-/// pointer of a linked worktree, and the config itself. All of the root's git directory
-/// (or `.git` file) is read-only, through both `bash` and `write`; afterwards the person's
-/// git runs none of it. A commit is an approved escalation.
+/// pointer of a linked worktree and of a submodule, a repository made where a submodule is
+/// not checked out, and the config itself. All of the root's git directory (or `.git`
+/// file) and every submodule's `.git` are read-only, through both `bash` and `write`;
+/// afterwards the person's git runs none of it. A commit is an approved escalation.
 #[test]
 fn no_git_code_path_of_the_root_is_writable() {
     let s = Scratch::with_bundled_manifest();
@@ -198,7 +199,11 @@ fn no_git_code_path_of_the_root_is_writable() {
         person_git(dir, &["commit", "-qm", "one"]);
     }
     person_git(&repo, &["submodule", "-q", "add", "../origin", "sub"]);
+    person_git(&repo, &["submodule", "-q", "add", "../origin", "sub2"]);
     person_git(&repo, &["commit", "-qm", "sub"]);
+    // A submodule that is not checked out: an empty directory a command must not make
+    // into a repository git would recurse into.
+    person_git(&repo, &["submodule", "-q", "deinit", "-f", "sub2"]);
     person_git(&repo, &["worktree", "add", "-q", "../wt"]);
     std::fs::remove_dir_all(repo.join(".git/hooks")).expect("no hooks dir at start");
     let config = fsmonitor_config(&proof);
@@ -229,6 +234,9 @@ fn no_git_code_path_of_the_root_is_writable() {
          mkdir .git/hooks; printf '#!/bin/sh\\ntouch {proof}\\n' > .git/hooks/pre-commit; \
          printf '{config}' >> .git/config; \
          mv .git .git.away; \
+         cp -r .git/modules/sub evil-sub && printf '{config}' >> evil-sub/config \
+           && printf 'gitdir: ../evil-sub\\n' > sub/.git; \
+         git init -q sub2 && printf '{config}' >> sub2/.git/config; \
          echo hi > b.txt; git add b.txt; exit 0",
         proof = proof.display()
     );
@@ -241,6 +249,7 @@ fn no_git_code_path_of_the_root_is_writable() {
         (repo.join(".git/commondir"), "/tmp\n"),
         (repo.join(".git/hooks/pre-commit"), "#!/bin/sh\n"),
         (wt.join(".git"), "gitdir: .g\n"),
+        (repo.join("sub/.git"), "gitdir: ../evil-sub\n"),
     ] {
         let root = if path.starts_with(&wt) { &wt } else { &repo };
         let mut write = s.cordis(&[
@@ -256,6 +265,8 @@ fn no_git_code_path_of_the_root_is_writable() {
             .expect_output(&[&marker()]);
     }
     assert_eq!(git_dir_before(&repo.join(".git")), repo_git);
+    assert!(read(&repo.join("sub/.git")).starts_with(b"gitdir: ../.git/modules/sub"));
+    assert!(!repo.join("sub2/.git").exists());
     assert_eq!(read(&wt.join(".git")), wt_git);
     // The person's git afterwards runs nothing the command planted.
     person_git(&repo, &["status"]);

@@ -13,7 +13,7 @@ use cordis_sdk::host::{
 };
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
-    is_within, EnforcedFamily, Fence, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
+    is_within, EnforcedFamily, Fence, Limits, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
     SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
 };
 use serde::Deserializer;
@@ -58,6 +58,12 @@ pub struct Config {
     /// The host's state directory (session logs, its HTTP token) is always unreadable.
     #[serde(default)]
     pub deny_read: Vec<PathBuf>,
+    /// Resource limits of every confined command; by default 4096 MiB of memory, 512
+    /// processes, 1024 MiB per file, and no CPU limit beyond the call's timeout
+    /// (`{memoryMib, processes, fileSizeMib, cpuSeconds}`, `0` turns one off). A command over
+    /// one is stopped and its result names the limit.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// `~/x` as `$HOME/x`; anything else unchanged.
@@ -155,6 +161,7 @@ struct Policy {
     writable_roots: Vec<PathBuf>,
     protected_paths: Vec<PathBuf>,
     deny_read: Vec<PathBuf>,
+    limits: Limits,
     families: Mutex<Families>,
 }
 
@@ -185,6 +192,7 @@ impl Policy {
             writable_roots: self.writable_roots.clone(),
             protected_paths,
             deny_read: self.deny_read.clone(),
+            limits: self.limits,
         })
     }
 
@@ -433,6 +441,7 @@ impl Plugin for SandboxPolicyPlugin {
             writable_roots,
             protected_paths: path_rules("protectedPaths", &config.protected_paths)?,
             deny_read,
+            limits: config.limits,
             families: Mutex::new(Families::default()),
         };
         let fence = Fence::of(

@@ -182,6 +182,11 @@ fn render(result: &ExecResult, timeout_ms: u64) -> String {
         (None, Some(signal)) => notes.push(format!("[killed by signal {signal}]")),
         (None, None) => {}
     }
+    if let Some(limit) = &result.limit_reached {
+        notes.push(format!(
+            "[the command reached its {limit}; the operator sets it under `limits` in the dsh-sandbox-policy config]"
+        ));
+    }
     if result.truncated {
         notes.push("[output truncated at the capture limit]".to_string());
     }

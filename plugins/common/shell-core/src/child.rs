@@ -27,6 +27,8 @@
 use std::ffi::{c_int, CStr, CString};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use crate::limits::ChildLimits;
+
 /// The exit status of a supervisor whose setup failed (the reason is on the report pipe).
 pub(crate) const SETUP_FAILED: c_int = 125;
 
@@ -79,10 +81,12 @@ pub enum Stage {
     Landlock,
     /// Installing the seccomp filter.
     Seccomp,
+    /// Entering the command's cgroup and setting its rlimits.
+    Limits,
 }
 
 impl Stage {
-    const ALL: [Stage; 16] = [
+    const ALL: [Stage; 17] = [
         Stage::Session,
         Stage::Namespaces,
         Stage::IdMap,
@@ -99,6 +103,7 @@ impl Stage {
         Stage::Capabilities,
         Stage::Landlock,
         Stage::Seccomp,
+        Stage::Limits,
     ];
 
     pub(crate) fn from_u32(n: u32) -> Option<Stage> {
@@ -124,6 +129,7 @@ impl Stage {
             Stage::Capabilities => "dropping capabilities",
             Stage::Landlock => "applying the Landlock ruleset",
             Stage::Seccomp => "installing the seccomp filter",
+            Stage::Limits => "entering the command's cgroup and setting its rlimits",
         }
     }
 
@@ -147,6 +153,9 @@ impl Stage {
                 "run on Linux 6.10 or newer with Landlock enabled (`landlock` in the `lsm=` boot parameter)"
             }
             Stage::Seccomp => "run on a kernel with seccomp filters (`CONFIG_SECCOMP_FILTER`)",
+            Stage::Limits => {
+                "let cordis move its own child processes between cgroups (write access to the cgroup file system), or turn the limits off with `limits: {memoryMib: 0, processes: 0}`"
+            }
             Stage::Session | Stage::Loopback | Stage::Fork | Stage::Capabilities => {
                 "this should not fail on Linux; check the process limits (`ulimit -u`)"
             }
@@ -177,6 +186,9 @@ pub(crate) struct SandboxSpec {
     pub network: bool,
     /// The prepared Landlock ruleset.
     pub landlock: OwnedFd,
+    /// The Landlock rights granted beneath the view's own `/dev/shm` (a private tmpfs, so
+    /// its rule is added inside the view, where that tmpfs is).
+    pub shm_access: u64,
     /// The seccomp program (empty: none).
     pub seccomp: Vec<libc::sock_filter>,
 }
@@ -194,6 +206,8 @@ pub(crate) struct ChildPlan {
     pub status: RawFd,
     /// The namespaces and mount view of a confined command; `None` runs it unconfined.
     pub sandbox: Option<SandboxSpec>,
+    /// The cgroups to enter and rlimits to set, first thing.
+    pub limits: Option<ChildLimits>,
 }
 
 fn errno() -> c_int {
@@ -223,6 +237,24 @@ unsafe fn check(report: RawFd, stage: Stage, ret: libc::c_long) {
 pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     let report = plan.report;
     check(report, Stage::Session, libc::setsid() as _);
+    if let Some(limits) = &plan.limits {
+        for &fd in &limits.procs {
+            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                fail(report, Stage::Limits, errno());
+            }
+        }
+        for &(resource, soft, hard) in &limits.rlimits {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            check(
+                report,
+                Stage::Limits,
+                libc::setrlimit(resource as _, &limit) as _,
+            );
+        }
+    }
     let landlock = plan.sandbox.as_ref().map_or(-1, |s| s.landlock.as_raw_fd());
     close_all_but(&[
         plan.control,
@@ -848,6 +880,31 @@ unsafe fn confine_shell(spec: &SandboxSpec, report: RawFd) {
         libc::syscall(libc::SYS_capset, &header, none.as_ptr()),
     );
     let landlock = spec.landlock.as_raw_fd();
+    // `struct landlock_path_beneath_attr`: the view's private /dev/shm is writable, so POSIX
+    // semaphores and shared memory work within its size.
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: c_int,
+    }
+    let shm = libc::open(c"/dev/shm".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+    check(report, Stage::Landlock, shm as _);
+    let rule = PathBeneath {
+        allowed_access: spec.shm_access,
+        parent_fd: shm,
+    };
+    check(
+        report,
+        Stage::Landlock,
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            landlock,
+            1, // LANDLOCK_RULE_PATH_BENEATH
+            &rule as *const PathBeneath,
+            0,
+        ),
+    );
+    libc::close(shm);
     check(
         report,
         Stage::Landlock,

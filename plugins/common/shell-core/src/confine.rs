@@ -26,6 +26,7 @@ use landlock::{
 };
 
 use crate::child::{SandboxSpec, Stage, MAX_BINDS};
+use crate::limits::CommandLimits;
 
 /// The Landlock ABI the filesystem rules are written against: v5 (Linux 6.10) is the first
 /// ABI whose write-ish rights include `IoctlDev`; later ABIs add no filesystem write right
@@ -107,6 +108,12 @@ pub enum ConfineError {
         #[source]
         source: std::io::Error,
     },
+    /// The command's limits need a control group the host cannot make.
+    #[error("cannot bound the command's memory and processes: {reason}")]
+    Limits {
+        /// Why not.
+        reason: String,
+    },
     /// More writable roots and protected paths than one view binds.
     #[error("{count} writable roots and protected paths; a sandbox binds at most {MAX_BINDS}")]
     TooManyBinds {
@@ -143,6 +150,9 @@ impl ConfineError {
                 "create it (`mkdir -p '{}'` for a directory) so commands see it read-only, or stop protecting it",
                 path.display()
             ),
+            ConfineError::Limits { .. } => {
+                "run cordis where it may create control groups (as root with the cgroup file system writable; as a user, under a systemd unit with `Delegate=yes`), or turn those limits off on purpose with `limits: {memoryMib: 0, processes: 0}` in the dsh-sandbox-policy config".to_string()
+            }
             ConfineError::Unverifiable { .. } => {
                 "make the path and the directories above it readable by the host (a command may have changed their modes), or stop protecting it".to_string()
             }
@@ -169,6 +179,7 @@ impl ConfineError {
 /// processes between fork and exec.
 pub struct Confinement {
     pub(crate) spec: SandboxSpec,
+    pub(crate) limits: CommandLimits,
 }
 
 fn c_path(path: &Path) -> Result<CString, ConfineError> {
@@ -191,6 +202,7 @@ impl Confinement {
             return Ok(None);
         };
         let landlock = landlock_ruleset(&roots)?;
+        let limits = CommandLimits::prepare(&policy.limits)?;
         let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
         // Outermost first, so an inner root is bound on top of the outer one.
         writable.sort_by_key(|r| r.components().count());
@@ -297,8 +309,10 @@ impl Confinement {
                 cwd: CString::default(),
                 network: policy.network,
                 landlock,
+                shm_access: rights_for(Path::new("/"), AccessFs::from_write(PINNED_ABI)).bits(),
                 seccomp: seccomp_filter(policy.network)?,
             },
+            limits,
         }))
     }
 }
@@ -677,6 +691,7 @@ mod tests {
             cancelled: false,
             sandbox_denied: false,
             mode: None,
+            limit_reached: None,
         };
         let check = |exit, stderr: &str, mode, flagged: bool| {
             let mut r = result(exit, stderr);

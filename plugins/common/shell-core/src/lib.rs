@@ -16,6 +16,7 @@
 mod child;
 pub mod confine;
 pub mod env;
+mod limits;
 mod run;
 
 pub use child::Stage;

@@ -153,15 +153,15 @@ pub fn run(
     let (control_rd, control_wr) = pipe().map_err(spawn_err)?;
     let (report_rd, report_wr) = pipe().map_err(spawn_err)?;
     let (status_rd, status_wr) = pipe().map_err(spawn_err)?;
-    let sandbox = match confinement {
-        None => None,
-        Some(Confinement { mut spec }) => {
+    let (sandbox, limits) = match confinement {
+        None => (None, None),
+        Some(Confinement { mut spec, limits }) => {
             spec.cwd = CString::new(request.cwd.as_os_str().as_bytes()).map_err(|_| {
                 ConfineError::BadPath {
                     path: request.cwd.clone(),
                 }
             })?;
-            Some(spec)
+            (Some(spec), Some(limits))
         }
     };
     let plan = ChildPlan {
@@ -170,6 +170,7 @@ pub fn run(
         report: report_wr.as_raw_fd(),
         status: status_wr.as_raw_fd(),
         sandbox,
+        limits: limits.as_ref().map(|l| l.child(timeout)),
     };
     // SAFETY: `supervise` only makes async-signal-safe system calls on data built before
     // the fork; the descriptors it names stay open until `spawn` returns.
@@ -205,6 +206,7 @@ pub fn run(
     // in reports how it finished.
     result.cancelled =
         !result.timed_out && result.signal == Some(libc::SIGKILL) && is_cancelled(cancel);
+    result.limit_reached = limits.and_then(|l| l.reached(result.signal, result.exit_code));
     Ok(result)
 }
 
@@ -404,6 +406,7 @@ fn supervise(
         cancelled: false,
         sandbox_denied: false,
         mode: None,
+        limit_reached: None,
     })
 }
 

@@ -194,6 +194,19 @@ impl Fence {
             fence
                 .optional
                 .extend(GIT_PROTECTED.iter().map(|p| root.join(p)));
+            // The `.git` of every submodule and linked worktree of the repository the root
+            // is in, or is: kept from being created too, unless the submodule's directory
+            // is missing as well (then its parent would be the one kept read-only).
+            for entry in crate::git::nested_git_entries(&enclosing_work_tree(root)) {
+                if !is_within(&entry, root) {
+                    continue;
+                }
+                if entry.parent().is_some_and(Path::is_dir) {
+                    protected.push(entry);
+                } else {
+                    fence.optional.push(entry);
+                }
+            }
         }
         protected.extend(fence.optional.iter().cloned());
         fence.writable_roots = roots;
@@ -201,6 +214,15 @@ impl Fence {
         fence.deny_read = PathSet::new(policy.deny_read.iter().cloned());
         fence
     }
+}
+
+/// The work tree of the repository `root` lies in: the nearest of `root` and its
+/// ancestors that has a `.git`; `root` itself when none has.
+fn enclosing_work_tree(root: &Path) -> PathBuf {
+    root.ancestors()
+        .find(|dir| dir.join(".git").symlink_metadata().is_ok())
+        .unwrap_or(root)
+        .to_path_buf()
 }
 
 /// Why `temp` may not be a writable root, if it may not.

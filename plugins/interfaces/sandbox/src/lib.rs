@@ -166,9 +166,43 @@ pub struct SandboxExecutionPolicy {
     /// Paths no call below `danger-full-access` may read (the configured `denyRead`).
     #[serde(default)]
     pub deny_read: Vec<PathBuf>,
+    /// The resource limits of every confined command (the configured `limits`).
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// The resource limits of one confined command (the policy's `limits`). A command over one
+/// is stopped (memory, CPU time), or refused what would pass it (processes, file size), and
+/// its result names the limit. `0` turns a limit off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct Limits {
+    /// Memory of all the command's processes together, in MiB; default 4096 (a control
+    /// group's limit: it binds whoever runs the host, root included).
+    pub memory_mib: u64,
+    /// Processes and threads of the command at once; default 512 (a control group's
+    /// `pids.max`).
+    pub processes: u64,
+    /// The largest file the command may write, in MiB; default 1024 (`RLIMIT_FSIZE`).
+    pub file_size_mib: u64,
+    /// CPU seconds each of the command's processes may use; default none: the call's
+    /// timeout bounds it (`RLIMIT_CPU`).
+    pub cpu_seconds: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mib: 4096,
+            processes: 512,
+            file_size_mib: 1024,
+            cpu_seconds: 0,
+        }
+    }
 }
 
 pub mod fence;
+mod git;
 /// Stand-ins for plugin tests (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

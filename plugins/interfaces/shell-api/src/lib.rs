@@ -127,6 +127,10 @@ pub struct ExecResult {
     pub sandbox_denied: bool,
     /// The mode the command ran under (`None`: unconfined backend).
     pub mode: Option<SandboxMode>,
+    /// The resource limit that stopped the command or refused it something (memory,
+    /// processes, file size, CPU time), named with its value; `None` when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_reached: Option<String>,
 }
 
 cordis_sdk::interface! {
