@@ -602,3 +602,68 @@ fn deny_read_survives_renaming_the_directories_above() {
             .expect_output(&["denyRead"]);
     }
 }
+
+/// Plugin directories in writable roots that do not exist yet (`<prefix>/lib/cordis/plugins`
+/// of a `<prefix>/bin/cordis` inside the session root, and the user plugin directory of a
+/// home in a temp area): a command cannot create them to plant a library the host would
+/// load at its next start. Their nearest existing directories are
+/// read-only to it; the rest of the root is not.
+#[test]
+fn absent_plugin_directories_in_the_root_cannot_be_created() {
+    let s = Scratch::with_bundled_manifest();
+    let bin = s.path().join("prefix/bin");
+    std::fs::create_dir_all(&bin).expect("prefix/bin");
+    // A home in a temp area (a writable root of its own; one inside the session root is
+    // refused).
+    let home_dir = tempfile::Builder::new()
+        .prefix("cordis-e2e-home-")
+        .tempdir()
+        .expect("home");
+    let home = home_dir.path().canonicalize().expect("canonical home");
+    let cordis = bin.join("cordis");
+    std::fs::copy(cordis_e2e::cordis_bin(), &cordis).expect("copy cordis");
+    for plugin in BUNDLED {
+        let file = library(plugin);
+        std::fs::copy(&file, bin.join(file.file_name().expect("a file name"))).expect("copy");
+    }
+    let installed = s.path().join("prefix/lib/cordis/plugins");
+    let user = home.join(".local/share/cordis/plugins");
+    let with_home = |cmd: &mut Command| {
+        cmd.env_remove("XDG_DATA_HOME")
+            .env("HOME", &home)
+            .env("RUST_LOG", "warn")
+            .current_dir(s.path());
+    };
+    // The installed binary searches both, before its own directory.
+    s.write("missing.yml", "- name: no-such-plugin\n");
+    let mut check = Command::new(&cordis);
+    check.args(["check", "-c", "missing.yml"]);
+    with_home(&mut check);
+    run(check, "cordis check (where it looks)", &s)
+        .expect_code(1)
+        .expect_output(&[
+            &format!(
+                "{}/libno_such_plugin.so (the installation's plugin directory)",
+                installed.display()
+            ),
+            &format!(
+                "{}/libno_such_plugin.so (the user plugin directory)",
+                user.display()
+            ),
+        ]);
+    let planted = library("dsh-tool-fs");
+    let attack = format!(
+        "for d in '{}' '{}'; do mkdir -p \"$d\" && cp '{}' \"$d\"/; done; echo free > free.txt; exit 0",
+        installed.display(),
+        user.display(),
+        planted.display()
+    );
+    let mut bash = Command::new(&cordis);
+    bash.args(["call", "bash", &json!({ "command": attack }).to_string()])
+        .env("CORDIS_STATE_DIR", s.state_dir());
+    with_home(&mut bash);
+    run(bash, "cordis call bash (plant)", &s).expect_output(&["Read-only file system"]);
+    assert!(!s.path().join("prefix/lib").exists());
+    assert!(!home.join(".local").exists());
+    assert_eq!(read(&s.path().join("free.txt")), b"free\n");
+}
