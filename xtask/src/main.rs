@@ -259,6 +259,18 @@ const MUTANT_GROUPS: &[MutantGroup] = &[
         covering: "package(dsh-tool-core) | test(/^tools::/)",
     },
     MutantGroup {
+        name: "shell-core",
+        select: &[
+            "-p",
+            "dsh-shell-core",
+            "-f",
+            "plugins/common/shell-core/src/confine.rs",
+            "-f",
+            "plugins/common/shell-core/src/limits.rs",
+        ],
+        covering: "package(dsh-shell-core) | test(/^confine::|^shell::|^protect::/)",
+    },
+    MutantGroup {
         name: "host-sessions",
         select: &["-p", "cordis-engine", "-f", "host/engine/src/sessions.rs"],
         covering: "package(cordis-engine) | test(/^host::/) | test(/^durability::/)",

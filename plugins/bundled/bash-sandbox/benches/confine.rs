@@ -1,6 +1,7 @@
 //! Benchmark of what confinement costs a whole command: `true` and a small script through
 //! `dsh-bash-sandbox` (workspace-write: namespaces, mount view, Landlock, seccomp), through
 //! the same with network on (no network namespace: what the namespace itself costs), and
+//! through the same without resource limits (no cgroup: what the limits cost), and
 //! through `dsh-bash-local` (the supervisor and the environment policy only), all loaded as
 //! real cdylibs through the host. Prints the sandboxed/local ratios and differences at the
 //! end, from criterion's estimates and from interleaved medians.
@@ -10,7 +11,7 @@
 use cordis_e2e::bench::{criterion_estimate_ns, interleaved_medians, print_ratio};
 use cordis_e2e::Scratch;
 use criterion::Criterion;
-use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{Limits, SandboxExecutionPolicy, SandboxMode};
 use dsh_shell_api::{ExecRequest, Shell, ShellClient};
 
 /// Alternating runs per backend for the interleaved medians.
@@ -40,6 +41,16 @@ fn main() {
     };
     let networked = SandboxExecutionPolicy {
         network: true,
+        ..policy.clone()
+    };
+    // The same confinement without resource limits: no cgroup, no rlimits.
+    let unlimited = SandboxExecutionPolicy {
+        limits: Limits {
+            memory_mib: 0,
+            processes: 0,
+            file_size_mib: 0,
+            cpu_seconds: 0,
+        },
         ..policy.clone()
     };
 
@@ -94,12 +105,14 @@ fn main() {
             assert_eq!(r.exit_code, Some(0), "{r:?}");
         };
         let (confined, with_network) = (request(command), request_with(command, &networked));
+        let without_limits = request_with(command, &unlimited);
         let medians = interleaved_medians(
             INTERLEAVED_ROUNDS,
             &mut [
                 &mut || run(&local, &confined),
                 &mut || run(&sandboxed, &confined),
                 &mut || run(&sandboxed, &with_network),
+                &mut || run(&sandboxed, &without_limits),
             ],
         );
         print_ratio(
@@ -111,6 +124,11 @@ fn main() {
             &format!("{group_name}, network on"),
             ("local", medians[0]),
             ("sandboxed", medians[2]),
+        );
+        print_ratio(
+            &format!("{group_name}, what the limits cost"),
+            ("no limits", medians[3]),
+            ("limits", medians[1]),
         );
     }
 }
