@@ -221,13 +221,18 @@ impl Confinement {
         };
         for root in &writable {
             for path in expand(&fence.protected, root)? {
-                // A symlink is protected where it leads; outside the root it is read-only.
-                let canonical =
-                    path.canonicalize()
-                        .map_err(|source| ConfineError::Unverifiable {
-                            path: path.clone(),
-                            source,
-                        })?;
+                // A symlink is protected where it leads; outside the root it is read-only. A
+                // git directory's dangling link protects nothing (there is no repository).
+                let canonical = match path.canonicalize() {
+                    Ok(canonical) => canonical,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::NotFound
+                            && fence.optional.contains(&path) =>
+                    {
+                        continue
+                    }
+                    Err(source) => return Err(ConfineError::Unverifiable { path, source }),
+                };
                 if is_within(&canonical, root) {
                     keep(canonical, root);
                 }
@@ -663,8 +668,16 @@ mod tests {
         assert!(e.to_string().contains("absent/plugins"), "{e}");
         assert!(e.help().contains("mkdir -p"), "{}", e.help());
         // A git directory is protected only where it exists: a workspace need not be a
-        // repository.
+        // repository, and a dangling `.git` link is none.
         assert!(prepare(vec![]).is_ok());
+        std::os::unix::fs::symlink(ws.join("gone"), ws.join(".git")).unwrap();
+        assert!(prepare(vec![]).is_ok());
+        // Any other protected path whose link leads nowhere cannot be checked: refused.
+        std::os::unix::fs::symlink(ws.join("gone"), ws.join("lib/link")).unwrap();
+        let Err(e) = prepare(vec![ws.join("lib/link")]) else {
+            panic!("a dangling protected link must refuse the command");
+        };
+        assert!(matches!(e, ConfineError::Unverifiable { .. }), "{e}");
         std::fs::remove_dir_all(&ws).unwrap();
     }
 
