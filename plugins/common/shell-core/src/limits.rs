@@ -198,12 +198,6 @@ impl CommandLimits {
         }
         let fail = |reason: String| ConfineError::Limits { reason };
         let hierarchy = hierarchy().as_ref().map_err(|e| fail(e.clone()))?;
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "cordis-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
         let memory = Files {
             set: vec![(
                 match hierarchy {
@@ -221,14 +215,14 @@ impl CommandLimits {
             set: vec![("pids.max", limits.processes.to_string())],
             optional: vec![],
         };
-        let mut wanted: Vec<(PathBuf, Vec<Files>)> = Vec::new();
+        let mut wanted: Vec<(&Path, Vec<Files>)> = Vec::new();
         match hierarchy {
             Hierarchy::V1 { memory: m, pids: p } => {
                 if limits.memory_mib > 0 {
-                    wanted.push((m.join(&name), vec![memory]));
+                    wanted.push((m, vec![memory]));
                 }
                 if limits.processes > 0 {
-                    wanted.push((p.join(&name), vec![pids]));
+                    wanted.push((p, vec![pids]));
                 }
             }
             Hierarchy::V2 { parent } => {
@@ -239,18 +233,21 @@ impl CommandLimits {
                 if limits.processes > 0 {
                     files.push(pids);
                 }
-                wanted.push((parent.join(&name), files));
+                wanted.push((parent, files));
             }
         }
-        for (dir, files) in wanted {
-            if let Some(parent) = dir.parent() {
-                sweep(parent);
-            }
+        for (parent, files) in wanted {
+            sweep(parent);
+            let dir = create_fresh(parent).map_err(|e| {
+                fail(format!(
+                    "cannot create the command's cgroup in `{}`: {e}",
+                    parent.display()
+                ))
+            })?;
+            out.dirs.push(dir.clone());
             let at = |what: &str, e: std::io::Error| {
                 fail(format!("cannot {what} `{}`: {e}", dir.display()))
             };
-            std::fs::create_dir(&dir).map_err(|e| at("create the command's cgroup", e))?;
-            out.dirs.push(dir.clone());
             for file in files {
                 for (name, value) in &file.set {
                     std::fs::write(dir.join(name), value)
@@ -341,6 +338,21 @@ impl CommandLimits {
             });
         }
         None
+    }
+}
+
+/// A new directory `cordis-<pid>-<n>` in `parent`. Each loaded copy of this library (a hot
+/// reload loads a new one) counts `n` on its own, so a name already taken is skipped.
+fn create_fresh(parent: &Path) -> std::io::Result<PathBuf> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("cordis-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < u64::MAX => continue,
+            Err(e) => return Err(e),
+            Ok(()) => return Ok(dir),
+        }
     }
 }
 
@@ -474,6 +486,23 @@ mod tests {
             Ok(Hierarchy::V1 { .. })
         ));
         assert!(locate("", "0::/\n", read).is_err());
+    }
+
+    /// Another loaded copy of this library (a hot reload) counts from 0 too: names it
+    /// took are skipped, never an error.
+    #[test]
+    fn a_taken_cgroup_name_is_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        for n in 0..64 {
+            std::fs::create_dir(
+                tmp.path()
+                    .join(format!("cordis-{}-{n}", std::process::id())),
+            )
+            .unwrap();
+        }
+        let made: Vec<PathBuf> = (0..3).map(|_| create_fresh(tmp.path()).unwrap()).collect();
+        assert!(made.iter().all(|d| d.is_dir()));
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 67);
     }
 
     #[test]
