@@ -60,7 +60,8 @@ pub struct Config {
     pub deny_read: Vec<PathBuf>,
     /// Resource limits of every confined command; by default 4096 MiB of memory, 512
     /// processes, 1024 MiB per file, and no CPU limit beyond the call's timeout
-    /// (`{memoryMib, processes, fileSizeMib, cpuSeconds}`, `0` turns one off). A command over
+    /// (`{memoryMib, processes, fileSizeMib, cpuSeconds}`; `0` turns one off, and for
+    /// `cpuSeconds` leaves the call's timeout as the bound). A command over
     /// one is stopped and its result names the limit.
     #[serde(default)]
     pub limits: Limits,

@@ -236,8 +236,11 @@ impl CommandLimits {
                 wanted.push((parent, files));
             }
         }
+        // Once per process: what hosts that are gone left behind (this host's own are
+        // removed as its commands end).
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| wanted.iter().for_each(|(parent, _)| sweep(parent)));
         for (parent, files) in wanted {
-            sweep(parent);
             let dir = create_fresh(parent).map_err(|e| {
                 fail(format!(
                     "cannot create the command's cgroup in `{}`: {e}",

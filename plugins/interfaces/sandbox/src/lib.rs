@@ -173,7 +173,8 @@ pub struct SandboxExecutionPolicy {
 
 /// The resource limits of one confined command (the policy's `limits`). A command over one
 /// is stopped (memory, CPU time), or refused what would pass it (processes, file size), and
-/// its result names the limit. `0` turns a limit off.
+/// its result names the limit. `0` turns a limit off (for `cpu_seconds`, `0` leaves the
+/// call's timeout as the bound).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct Limits {
