@@ -545,6 +545,17 @@ fn the_hosts_state_is_private_on_disk_and_unreadable_to_sessions() {
     call_in("read", json!({"path": logs[0].display().to_string()}))
         .expect_code(1)
         .expect_output(&[&marker(), "reading it is denied"]);
+    // Through an alias: a link in the workspace to the state directory.
+    std::os::unix::fs::symlink(&state, s.path().join("alias")).expect("link");
+    let r = call_in(
+        "bash",
+        json!({"command": "cat alias/http-token; cat alias/sessions/*.jsonl; exit 0"}),
+    );
+    assert!(!r.stdout().contains(token), "{}", r.context());
+    assert!(!r.stdout().contains("\"cwd\""), "{}", r.context());
+    call_in("read", json!({"path": "alias/http-token"}))
+        .expect_code(1)
+        .expect_output(&["reading it is denied"]);
 }
 
 /// A hidden path stays hidden when the directory above it is renamed in one call and read
