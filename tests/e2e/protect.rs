@@ -295,6 +295,79 @@ fn no_git_code_path_of_the_root_is_writable() {
         .expect_output(&["4\n"]);
 }
 
+/// A repository the root's repository does not record (a vendored copy with its own
+/// history, at any depth) is protected the same way: a person's `git add -A` makes it a
+/// submodule, whose config the next `git status` runs. Its `.git` cannot be written,
+/// renamed or moved away through `bash`, nor written or made anywhere through `write`.
+#[test]
+fn a_repository_the_root_does_not_record_is_protected_too() {
+    let s = Scratch::with_bundled_manifest();
+    let outside = Outside::new("vendored");
+    let repo = outside.dir.join("repo");
+    let vendored = repo.join("third/party/lib");
+    let proof = outside.dir.join("pwned");
+    for dir in [&repo, &vendored] {
+        std::fs::create_dir_all(dir).expect("repo dir");
+        person_git(dir, &["init", "-q"]);
+        std::fs::write(dir.join("a.txt"), "a\n").expect("a file");
+        person_git(dir, &["add", "a.txt"]);
+        person_git(dir, &["commit", "-qm", "one"]);
+    }
+    let config_before = read(&vendored.join(".git/config"));
+    let config = fsmonitor_config(&proof);
+    let attack = format!(
+        "printf '{config}' >> third/party/lib/.git/config; \
+         mkdir -p third/party/lib/.git/hooks; \
+         printf '#!/bin/sh\\ntouch {proof}\\n' > third/party/lib/.git/hooks/pre-commit; \
+         mv third/party/lib/.git third/party/lib/.g; mv third/party/lib third/party/l2; \
+         mv third t2; echo b > third/party/lib/b.txt; exit 0",
+        proof = proof.display()
+    );
+    let mut cmd = s.cordis(&[
+        "call",
+        "--cwd",
+        &repo.display().to_string(),
+        "bash",
+        &json!({ "command": attack }).to_string(),
+    ]);
+    cmd.env("RUST_LOG", "warn");
+    run(cmd, "cordis call bash (vendored repository)", &s)
+        .expect_code(0)
+        .expect_output(&["Read-only file system", "Device or resource busy"]);
+    for path in [
+        vendored.join(".git/config"),
+        vendored.join(".git/hooks/pre-commit"),
+        repo.join("fresh/.git/config"),
+        repo.join("third/.git"),
+    ] {
+        let mut write = s.cordis(&[
+            "call",
+            "--cwd",
+            &repo.display().to_string(),
+            "write",
+            &json!({"path": path.display().to_string(), "content": config}).to_string(),
+        ]);
+        write.env("RUST_LOG", "warn");
+        run(write, &format!("cordis call write {}", path.display()), &s)
+            .expect_code(1)
+            .expect_output(&[&marker(), "is a git directory"]);
+    }
+    assert_eq!(read(&vendored.join(".git/config")), config_before);
+    assert!(!repo.join("fresh").exists() && !repo.join("third/.git").exists());
+    // The control: the vendored work tree itself is writable.
+    assert_eq!(read(&vendored.join("b.txt")), b"b\n");
+    // The person adds everything, commits, and looks: nothing planted runs.
+    person_git(&repo, &["add", "-A"]);
+    person_git(&repo, &["commit", "-qm", "vendored"]);
+    person_git(&repo, &["status"]);
+    person_git(&vendored, &["status"]);
+    person_git(
+        &vendored,
+        &["commit", "-q", "--allow-empty", "-m", "person"],
+    );
+    assert!(!proof.exists(), "planted code ran in the person's git");
+}
+
 #[test]
 fn without_a_state_dir_commands_fail_instead_of_guessing() {
     let s = Scratch::with_bundled_manifest();

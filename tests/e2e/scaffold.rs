@@ -239,6 +239,89 @@ fn broken( {{
     });
 }
 
+/// The planted-library attack on `--dev` with `cordis.yml` inside the plugin crate (the
+/// session root): `--dev` rebuilds and loads whatever the crate's sources say, unconfined,
+/// so a session must not be able to change them. A confined command's edit of the source,
+/// the manifest or a new build script fails, `write` is refused, and the plugin serves
+/// what it served.
+#[test]
+fn under_dev_no_session_can_change_what_is_rebuilt_into_the_host() {
+    let plugin = Scaffold::new("dev-guard");
+    let manifest = std::fs::read_to_string(plugin.dir.join("cordis.yml")).expect("cordis.yml");
+    std::fs::write(
+        plugin.dir.join("cordis.yml"),
+        format!("{}\n{manifest}", bundled_manifest()),
+    )
+    .expect("write cordis.yml");
+    // The bundled plugins as copies outside any cargo project: `--dev` rebuilds only the
+    // crate under test.
+    let lib = plugin.scratch.path().join("lib");
+    std::fs::create_dir_all(&lib).expect("lib dir");
+    for name in [
+        "dsh-sandbox-policy",
+        "dsh-fs-sandbox",
+        "dsh-bash-sandbox",
+        "dsh-tool-fs",
+        "dsh-tool-bash",
+    ] {
+        let file = cordis_e2e::library(name);
+        std::fs::copy(&file, lib.join(file.file_name().expect("a file name"))).expect("copy");
+    }
+    let log_path = plugin.scratch.path().join("run.log");
+    let _show = ShowLog(log_path.clone());
+    let (source, cargo_toml) = (plugin.dir.join("src/lib.rs"), plugin.dir.join("Cargo.toml"));
+    let before = [
+        std::fs::read(&source).expect("source"),
+        std::fs::read(&cargo_toml).expect("Cargo.toml"),
+    ];
+    with_build_lock(|| {
+        let _ = std::fs::remove_file(&plugin.library);
+        let lib = lib.display().to_string();
+        let mut cmd = plugin
+            .scratch
+            .cordis(&["run", "--dev", "--plugin-path", &lib]);
+        cmd.current_dir(&plugin.dir)
+            .env("CARGO_TARGET_DIR", cargo_target())
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log_path).expect("create the log"));
+        let mut mcp = cordis_e2e::McpStdio::start(cmd);
+        assert_eq!(
+            mcp.call("dev_guard_greet", json!({"name": "Ada"})),
+            (false, "hello, Ada!".to_string())
+        );
+        eventually("the source watcher", || {
+            std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .contains("dev: rebuilding dev-guard on every change")
+                .then_some(())
+        });
+        let attack = "sed -i 's/hello/pwned/' src/lib.rs; \
+                      printf '[package.metadata.x]\\n' >> Cargo.toml; \
+                      printf 'fn main() {}\\n' > build.rs; \
+                      mv src src2; exit 0";
+        let (_, out) = mcp.call("bash", json!({ "command": attack }));
+        assert!(
+            out.contains("Read-only file system") && !out.contains("pwned"),
+            "{out}"
+        );
+        let (is_error, out) = mcp.call(
+            "write",
+            json!({"path": source.display().to_string(), "content": "pwned"}),
+        );
+        assert!(is_error && out.contains("protected"), "{out}");
+        // Time for a watcher to have seen a change, had there been one.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(
+            mcp.call("dev_guard_greet", json!({"name": "Ada"})),
+            (false, "hello, Ada!".to_string())
+        );
+        assert!(mcp.finish().success());
+    });
+    assert_eq!(std::fs::read(&source).expect("source"), before[0]);
+    assert_eq!(std::fs::read(&cargo_toml).expect("Cargo.toml"), before[1]);
+    assert!(!plugin.dir.join("build.rs").exists() && plugin.dir.join("src").is_dir());
+}
+
 /// `--dev` with the manifest beside the plugin's folder, outside its cargo project: the
 /// project is found from the library (its dep-info file), an edit rebuilds and reloads it,
 /// an entry no project builds gets one INFO line, and at the default level no other

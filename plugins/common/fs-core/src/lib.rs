@@ -703,6 +703,16 @@ fn guard(fence: &Fence, mode: SandboxMode, path: &Path, canonical: &Path) -> Res
             ),
         ));
     }
+    if let Some(git) = fence.git_entry(canonical) {
+        return Err(sandbox_denied(
+            mode,
+            path,
+            &format!(
+                "`{}` is a git directory: git runs code from it (hooks, config), so only an approved escalation to danger-full-access may change it",
+                git.display()
+            ),
+        ));
+    }
     if let Some(rule) = fence.deny_read.covering(canonical) {
         return Err(sandbox_denied(
             mode,

@@ -108,6 +108,15 @@ pub enum ConfineError {
         #[source]
         source: std::io::Error,
     },
+    /// The search for repositories beneath a writable root could not be finished.
+    #[error("cannot look for git repositories beneath `{}`: {source}", root.display())]
+    Repositories {
+        /// The writable root.
+        root: PathBuf,
+        /// Why not.
+        #[source]
+        source: dsh_sandbox::SearchError,
+    },
     /// The command's limits need a control group the host cannot make.
     #[error("cannot bound the command's memory and processes: {reason}")]
     Limits {
@@ -155,6 +164,13 @@ impl ConfineError {
             }
             ConfineError::Unverifiable { .. } => {
                 "make the path and the directories above it readable by the host (a command may have changed their modes), or stop protecting it".to_string()
+            }
+            ConfineError::Repositories {
+                source: dsh_sandbox::SearchError::TooLarge { .. },
+                ..
+            } => "root the session at a smaller directory (every directory beneath the workspace is searched for a `.git`, so that none can be rewritten by a command)".to_string(),
+            ConfineError::Repositories { .. } => {
+                "make the directory readable by the host (a command may have changed its mode), or root the session elsewhere".to_string()
             }
             ConfineError::TooManyEntries { .. } => {
                 "list exact paths in `protectedPaths` and `denyRead` instead of patterns, or use them in a smaller workspace".to_string()
@@ -213,6 +229,11 @@ impl Confinement {
                     visited,
                 })
         };
+        // The roots an operator chose: the workspace root and the policy's extra roots.
+        let searched: Vec<PathBuf> = std::iter::once(&policy.workspace_root)
+            .chain(&policy.writable_roots)
+            .filter_map(|r| r.canonicalize().ok())
+            .collect();
         let mut protected: Vec<PathBuf> = Vec::new();
         let mut pinned: Vec<PathBuf> = Vec::new();
         let mut keep = |path: PathBuf, root: &Path| {
@@ -235,6 +256,25 @@ impl Confinement {
                 };
                 if is_within(&canonical, root) {
                     keep(canonical, root);
+                }
+            }
+            // Every repository beneath an operator's root, recorded or not (a vendored copy
+            // becomes a submodule at the person's next `git add -A`): its `.git` is kept
+            // like a protected path. `/tmp` and `TMPDIR` are not searched (README).
+            if searched.contains(*root) {
+                let found = dsh_sandbox::repositories_beneath(root).map_err(|source| {
+                    ConfineError::Repositories {
+                        root: root.to_path_buf(),
+                        source,
+                    }
+                })?;
+                for path in found {
+                    match path.canonicalize() {
+                        Ok(canonical) if is_within(&canonical, root) => keep(canonical, root),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(source) => return Err(ConfineError::Unverifiable { path, source }),
+                    }
                 }
             }
             // A protected path a command could create: its nearest existing directory

@@ -216,6 +216,23 @@ impl Fence {
     }
 }
 
+impl Fence {
+    /// The `.git` entry at any depth beneath a writable root that the canonical `path` is
+    /// or lies in, if any: no call below `danger-full-access` modifies a repository's git
+    /// directory, or makes one, wherever it is in a root (git runs code from it).
+    pub fn git_entry(&self, path: &Path) -> Option<PathBuf> {
+        let root = self.writable_roots.iter().find(|r| is_within(path, r))?;
+        let mut at = root.clone();
+        for part in path.strip_prefix(root).ok()?.components() {
+            at.push(part);
+            if part.as_os_str() == ".git" {
+                return Some(at);
+            }
+        }
+        None
+    }
+}
+
 /// The work tree of the repository `root` lies in: the nearest of `root` and its
 /// ancestors that has a `.git`; `root` itself when none has.
 fn enclosing_work_tree(root: &Path) -> PathBuf {

@@ -62,6 +62,137 @@ fn collect(worktree: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The most directories one search for repositories visits ([`repositories_beneath`]).
+pub const REPOSITORY_BUDGET: usize = 200_000;
+
+/// What a directory was when it was last read: device, inode, and the modification and
+/// change times in nanoseconds (an entry added, removed or renamed in it changes them).
+type DirStamp = (u64, u64, i64, i64, i64, i64);
+
+/// One directory as last read: its stamp, whether it holds a `.git`, its subdirectories.
+struct Listing {
+    stamp: DirStamp,
+    git: bool,
+    children: Vec<std::ffi::OsString>,
+}
+
+/// The directory listings of recent searches, by root: a search re-reads only the
+/// directories whose stamp changed since (one `lstat` per directory otherwise).
+static LISTINGS: Mutex<Option<HashMap<PathBuf, HashMap<PathBuf, Listing>>>> = Mutex::new(None);
+
+/// Every `.git` entry (directory, file or link) at any depth beneath `root`, other than
+/// `root/.git`: the repositories a person's git may run code from, whether or not the
+/// root's repository records them (a vendored copy with its own history is not a
+/// submodule until someone runs `git add`). Symlinked directories are not followed and a
+/// `.git` is not entered. `Err` with the number of directories visited when the tree has
+/// more than [`REPOSITORY_BUDGET`]; a directory that exists but cannot be listed is `Err`
+/// too (the caller refuses rather than guess), with its path and error.
+pub fn repositories_beneath(root: &Path) -> Result<Vec<PathBuf>, SearchError> {
+    search(root, REPOSITORY_BUDGET)
+}
+
+/// [`repositories_beneath`] with at most `budget` directories.
+fn search(root: &Path, budget: usize) -> Result<Vec<PathBuf>, SearchError> {
+    let mut all = LISTINGS.lock().unwrap_or_else(|e| e.into_inner());
+    let all = all.get_or_insert_with(HashMap::new);
+    let mut old = all.remove(root).unwrap_or_default();
+    let mut new: HashMap<PathBuf, Listing> = HashMap::new();
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if new.len() >= budget {
+            return Err(SearchError::TooLarge { visited: new.len() });
+        }
+        let meta = match dir.symlink_metadata() {
+            Ok(meta) => meta,
+            // Removed since its parent was listed: nothing to protect there.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(SearchError::Unreadable { path: dir, source }),
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        let stamp = (
+            meta.dev(),
+            meta.ino(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+        );
+        let listing = match old.remove(&dir) {
+            Some(listing) if listing.stamp == stamp => listing,
+            _ => list(&dir, stamp)?,
+        };
+        if listing.git && dir != root {
+            found.push(dir.join(".git"));
+        }
+        stack.extend(listing.children.iter().map(|c| dir.join(c)));
+        new.insert(dir, listing);
+    }
+    if all.len() >= 16 {
+        all.clear();
+    }
+    all.insert(root.to_path_buf(), new);
+    found.sort();
+    Ok(found)
+}
+
+/// Reads the directory `dir` (whose stamp is `stamp`) for [`repositories_beneath`].
+fn list(dir: &Path, stamp: DirStamp) -> Result<Listing, SearchError> {
+    let unreadable = |source| SearchError::Unreadable {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut listing = Listing {
+        stamp,
+        git: false,
+        children: Vec::new(),
+    };
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let entry = entry.map_err(unreadable)?;
+        let name = entry.file_name();
+        if name == ".git" {
+            listing.git = true;
+        } else if entry.file_type().map_err(unreadable)?.is_dir() {
+            listing.children.push(name);
+        }
+    }
+    Ok(listing)
+}
+
+/// Why [`repositories_beneath`] could not finish.
+#[derive(Debug)]
+pub enum SearchError {
+    /// The tree holds more directories than one search may visit.
+    TooLarge {
+        /// Directories visited before stopping.
+        visited: usize,
+    },
+    /// A directory could not be listed.
+    Unreadable {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for SearchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SearchError::TooLarge { visited } => {
+                write!(f, "it holds more than {visited} directories")
+            }
+            SearchError::Unreadable { path, source } => {
+                write!(f, "`{}` cannot be listed: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for SearchError {}
+
 /// The git directory of the work tree `worktree`: its `.git` directory, or where its
 /// `.git` file points (`gitdir: PATH`, relative to the work tree).
 fn git_dir(worktree: &Path) -> Option<PathBuf> {
@@ -319,5 +450,48 @@ mod tests {
         assert_eq!(varint(&[0x80, 0x00]), Some((128, 2)));
         assert_eq!(varint(&[0x05]), Some((5, 1)));
         assert_eq!(varint(&[0xff]), None);
+    }
+
+    #[test]
+    fn repositories_at_any_depth_are_found_and_a_change_is_seen_at_the_next_search() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::create_dir_all(root.join("a/b/c/.git/hooks")).unwrap();
+        std::fs::create_dir_all(root.join("x/y")).unwrap();
+        std::fs::write(root.join("x/y/.git"), "gitdir: ../z\n").unwrap();
+        std::os::unix::fs::symlink(root.join("a"), root.join("link")).unwrap();
+        let first = repositories_beneath(&root).unwrap();
+        assert_eq!(first, vec![root.join("a/b/c/.git"), root.join("x/y/.git")]);
+        // Cached listings are re-read when a directory changes, however deep: a new
+        // repository, one moved in, one removed.
+        std::fs::create_dir_all(root.join("x/y/w/.git")).unwrap();
+        std::fs::create_dir_all(root.join("elsewhere/v/.git")).unwrap();
+        std::fs::rename(root.join("elsewhere"), root.join("a/b/moved")).unwrap();
+        std::fs::remove_dir_all(root.join("a/b/c")).unwrap();
+        let second = repositories_beneath(&root).unwrap();
+        assert_eq!(
+            second,
+            vec![
+                root.join("a/b/moved/v/.git"),
+                root.join("x/y/.git"),
+                root.join("x/y/w/.git")
+            ]
+        );
+        assert_eq!(repositories_beneath(&root).unwrap(), second);
+    }
+
+    #[test]
+    fn a_tree_beyond_the_budget_is_refused_not_cut_short() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        for i in 0..5 {
+            std::fs::create_dir_all(root.join(format!("d{i}"))).unwrap();
+        }
+        std::fs::create_dir_all(root.join("d4/.git")).unwrap();
+        assert_eq!(search(&root, 6).unwrap(), vec![root.join("d4/.git")]);
+        let err = search(&root, 5).unwrap_err();
+        assert!(matches!(err, SearchError::TooLarge { visited: 5 }), "{err}");
+        assert_eq!(err.to_string(), "it holds more than 5 directories");
     }
 }
