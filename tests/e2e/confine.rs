@@ -305,13 +305,33 @@ fn network_true_lets_a_confined_command_connect() {
     );
     assert_eq!(
         listeners.reached(),
-        ["tcp", "udp", "unix"],
-        "with network on, everything connects: {r:#?}"
+        ["tcp", "udp"],
+        "with network on, TCP and UDP connect, a host daemon's socket file does not: {r:#?}"
     );
-    // The same switch in the policy's config, for calls that carry no policy of their own.
+    assert!(r.stderr.contains("PermissionError"), "{r:#?}");
+    let open_unix = SandboxExecutionPolicy {
+        allow_unix_sockets: true,
+        ..layout.policy(Ww, true)
+    };
+    let r = exec(
+        shell,
+        request(&listeners.script(), &layout.ws, Some(open_unix)),
+    );
+    assert_eq!(listeners.reached(), ["tcp", "udp", "unix"], "{r:#?}");
+    // `allowUnixSockets` without the network opens nothing.
+    let closed = SandboxExecutionPolicy {
+        allow_unix_sockets: true,
+        ..layout.policy(Ww, false)
+    };
+    let r = exec(
+        shell,
+        request(&listeners.script(), &layout.ws, Some(closed)),
+    );
+    assert_eq!(listeners.reached(), Vec::<&str>::new(), "{r:#?}");
+    // The same switches in the policy's config, for calls that carry no policy of their own.
     let configured = Scratch::new();
     configured.manifest(&format!(
-        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n    network: true\n- name: dsh-bash-sandbox\n",
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    workspaceRoot: '{}'\n    network: true\n    allowUnixSockets: true\n- name: dsh-bash-sandbox\n",
         layout.ws.display()
     ));
     let configured_started = configured.start();
@@ -547,6 +567,98 @@ fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
     );
 }
 
+/// The calls of README's table, made for real from inside (through Python's `ctypes`, with
+/// arguments that succeed or fail otherwise without the filter): each answers `EPERM`,
+/// network on or off; a nested user namespace cannot be made; threads still start (libc
+/// falls back from `clone3`, which answers `ENOSYS`, to `clone`); `/proc/sys` is mounted
+/// read-only.
+#[test]
+fn the_dangerous_calls_are_refused_by_name() {
+    let layout = Layout::new();
+    let confined = layout.confined();
+    let calls = [
+        ("keyctl", libc::SYS_keyctl, "0, -3, 0"),
+        ("add_key", libc::SYS_add_key, "b'user', b'k', b'v', 1, -3"),
+        (
+            "request_key",
+            libc::SYS_request_key,
+            "b'user', b'k', None, -3",
+        ),
+        ("userfaultfd", libc::SYS_userfaultfd, "1"),
+        (
+            "perf_event_open",
+            libc::SYS_perf_event_open,
+            "None, 0, -1, -1, 0",
+        ),
+        ("bpf", libc::SYS_bpf, "0, None, 0"),
+        ("unshare", libc::SYS_unshare, "0x10000000"),
+        ("socket_vsock", libc::SYS_socket, "40, 1, 0"),
+        ("socket_packet", libc::SYS_socket, "17, 3, 0"),
+        ("socket_raw", libc::SYS_socket, "2, 3, 1"),
+        ("openat2", libc::SYS_openat2, "-100, b'.', None, 0"),
+    ];
+    let mut script = String::from(
+        "import ctypes, os, threading\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def call(name, nr, *args):\n    \
+             ctypes.set_errno(0)\n    \
+             r = libc.syscall(nr, *args)\n    \
+             print(name, 'returned' if r >= 0 else 'errno', ctypes.get_errno() if r < 0 else r)\n",
+    );
+    for (name, nr, args) in calls {
+        script.push_str(&format!("call('{name}', {nr}, {args})\n"));
+    }
+    script.push_str(
+        "t = threading.Thread(target=lambda: print('thread ran'))\nt.start(); t.join()\n",
+    );
+    std::fs::write(layout.ws.join("calls.py"), script).expect("write the script");
+    for network in [false, true] {
+        let r = exec(
+            &confined.shell,
+            request(
+                "python3 calls.py; unshare -U true || echo no-nested-userns; \
+                 awk '$5 == \"/proc/sys\" && $6 ~ /^ro/ {print \"proc-sys-ro\"}' /proc/self/mountinfo",
+                &layout.ws,
+                Some(layout.policy(Ww, network)),
+            ),
+        );
+        for (name, ..) in calls {
+            assert!(
+                r.stdout
+                    .contains(&format!("{name} errno {}\n", libc::EPERM)),
+                "network {network}: {name} is refused with EPERM: {r:#?}"
+            );
+        }
+        assert!(r.stdout.contains("thread ran"), "network {network}: {r:#?}");
+        assert!(
+            r.stdout.contains("proc-sys-ro"),
+            "network {network}: {r:#?}"
+        );
+        assert!(
+            r.stdout.contains("no-nested-userns"),
+            "network {network}: {r:#?}"
+        );
+    }
+    // The control: the same script in `danger-full-access` (unconfined, no filter)
+    // gets other answers for the calls that work unprivileged.
+    let unconfined = exec(
+        &confined.shell,
+        request(
+            "python3 calls.py",
+            &layout.ws,
+            Some(layout.policy(SandboxMode::DangerFullAccess, false)),
+        ),
+    );
+    for name in ["keyctl", "unshare", "perf_event_open"] {
+        assert!(
+            !unconfined
+                .stdout
+                .contains(&format!("{name} errno {}\n", libc::EPERM)),
+            "{name} answers something else without the filter: {unconfined:#?}"
+        );
+    }
+}
+
 /// A set-user-ID or set-group-ID file written inside would run with its owner's
 /// privileges outside the sandbox (where the sandbox's root is the host's root): no call
 /// that sets a mode may set either bit, with network on or off, and the files a command
@@ -658,4 +770,41 @@ fn each_resource_limit_stops_its_command_and_says_so() {
         "{r:#?}"
     );
     assert!(r.stdout.contains("sem ok"), "{r:#?}");
+    // Each command's cgroups are removed once it is done, busy or not when its call
+    // returned (the fork bomb's teardown keeps them busy for a while).
+    // The host is this test process (the plugins are loaded in it).
+    let own = format!("cordis-{}-", std::process::id());
+    eventually(
+        "the commands' cgroups to be removed",
+        Duration::from_secs(10),
+        || {
+            let left: Vec<String> = [
+                "/sys/fs/cgroup/memory",
+                "/sys/fs/cgroup/pids",
+                "/sys/fs/cgroup",
+            ]
+            .iter()
+            .flat_map(|root| walk_names(Path::new(root), 4))
+            .filter(|name| name.starts_with(&own))
+            .collect();
+            left.is_empty().then_some(()).ok_or(format!("{left:?}"))
+        },
+    );
+}
+
+/// The names of the directories beneath `root`, `depth` levels down at most.
+fn walk_names(root: &Path, depth: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+            if depth > 1 {
+                out.extend(walk_names(&entry.path(), depth - 1));
+            }
+        }
+    }
+    out
 }

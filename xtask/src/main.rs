@@ -266,6 +266,8 @@ const MUTANT_GROUPS: &[MutantGroup] = &[
             "-f",
             "plugins/common/shell-core/src/confine.rs",
             "-f",
+            "plugins/common/shell-core/src/syscalls.rs",
+            "-f",
             "plugins/common/shell-core/src/limits.rs",
         ],
         covering: "package(dsh-shell-core) | test(/^confine::|^shell::|^protect::/)",

@@ -39,6 +39,12 @@ pub struct Config {
     /// loopback and cannot create unix sockets. `danger-full-access` always may.
     #[serde(default)]
     pub network: bool,
+    /// Boolean; default `false`. With `network: true`, whether confined commands may
+    /// create unix sockets, and so reach every daemon listening on a socket file the
+    /// command can see (`docker.sock`, the session bus, an ssh agent). Without the network
+    /// they never may.
+    #[serde(default)]
+    pub allow_unix_sockets: bool,
     /// List of directories; default none. Writable roots in `workspace-write` besides the
     /// workspace root and the temp areas; each must exist and is canonicalized (`~/`
     /// means the home directory).
@@ -159,6 +165,7 @@ struct Policy {
     default_mode: SandboxMode,
     workspace_root: PathBuf,
     network: bool,
+    allow_unix_sockets: bool,
     writable_roots: Vec<PathBuf>,
     protected_paths: Vec<PathBuf>,
     deny_read: Vec<PathBuf>,
@@ -190,6 +197,7 @@ impl Policy {
             mode,
             workspace_root: root,
             network: self.network,
+            allow_unix_sockets: self.allow_unix_sockets,
             writable_roots: self.writable_roots.clone(),
             protected_paths,
             deny_read: self.deny_read.clone(),
@@ -439,6 +447,7 @@ impl Plugin for SandboxPolicyPlugin {
             default_mode,
             workspace_root: workspace_root.clone(),
             network: config.network,
+            allow_unix_sockets: config.allow_unix_sockets,
             writable_roots,
             protected_paths: path_rules("protectedPaths", &config.protected_paths)?,
             deny_read,

@@ -12,7 +12,8 @@
 //!   close (timeout, cancellation, or the host died) or the call's cancel descriptor to
 //!   fire, and then kills everything the command started before it exits with the command's
 //!   status.
-//! - confined: **init** (pid 1 of the new pid namespace): mounts `/proc`, forks the shell,
+//! - confined: **init** (pid 1 of the new pid namespace): mounts `/proc` (`/proc/sys`
+//!   read-only), forks the shell,
 //!   reaps orphans, and exits with the shell's status, which takes every other process of
 //!   the namespace with it.
 //! - **shell** (returns from the hook, so `std` execs `bash`): confined, it changes to the
@@ -803,6 +804,35 @@ unsafe fn init(spec: &SandboxSpec, report: RawFd, status_out: RawFd) -> std::io:
             c"/proc".as_ptr(),
             c"proc".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ) as _,
+    );
+    // `/proc/sys` read-only, beside Landlock: the command's own namespaces' settings (its
+    // network namespace's, as their owner) stay unchangeable too.
+    check(
+        report,
+        Stage::Proc,
+        libc::mount(
+            c"/proc/sys".as_ptr(),
+            c"/proc/sys".as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) as _,
+    );
+    check(
+        report,
+        Stage::Proc,
+        libc::mount(
+            std::ptr::null(),
+            c"/proc/sys".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT
+                | libc::MS_BIND
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_NOEXEC,
             std::ptr::null(),
         ) as _,
     );

@@ -2,11 +2,9 @@
 //! network namespaces with a read-only view of `/` in which exactly the roots
 //! [`dsh_sandbox::writable_roots`] names are writable, a minimal `/dev` and a fresh `/proc`;
 //! no capabilities; Landlock on top with the same writable roots (plus `/dev/null`), signal
-//! and abstract-socket scoping; and a seccomp filter refusing set-user-ID and
-//! set-group-ID modes (a file written inside must not carry privilege outside), `openat2`
-//! and `io_uring_setup` (whose operations bypass seccomp), and, with network off,
-//! `socket(AF_UNIX, …)` (a path-named socket outside the roots would otherwise reach a host
-//! daemon). Also the conservative detection of the denials it causes.
+//! and abstract-socket scoping; and the seccomp filter of [`crate::syscalls`] (set-user-ID
+//! modes, unix sockets, nested user namespaces, keyrings, and the rest of its table). Also
+//! the conservative detection of the denials it causes.
 //!
 //! Landlock's filesystem rights are pinned to [`PINNED_ABI`] with
 //! [`CompatLevel::HardRequirement`]: a kernel that cannot enforce every handled right makes
@@ -355,7 +353,8 @@ impl Confinement {
                 network: policy.network,
                 landlock,
                 shm_access: rights_for(Path::new("/"), AccessFs::from_write(PINNED_ABI)).bits(),
-                seccomp: seccomp_filter(policy.network)?,
+                seccomp: crate::syscalls::seccomp_filter(policy)
+                    .map_err(|reason| ConfineError::Seccomp { reason })?,
             },
             limits,
         }))
@@ -436,89 +435,6 @@ fn landlock_ruleset(roots: &[PathBuf]) -> Result<std::os::fd::OwnedFd, ConfineEr
     }
     let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
     fd.ok_or(ConfineError::NotEnforced)
-}
-
-/// The system calls that take a file mode, each with the index of its mode argument: with
-/// a set-user-ID or set-group-ID bit in it they fail, so nothing a command writes carries
-/// privilege outside the sandbox (where its root is the host's root).
-const MODE_ARGUMENT: [(libc::c_long, u8); 6] = [
-    (libc::SYS_fchmod, 1),
-    (libc::SYS_fchmodat, 2),
-    (libc::SYS_fchmodat2, 2),
-    (libc::SYS_openat, 3),
-    (libc::SYS_mknodat, 2),
-    (libc::SYS_mkdirat, 2),
-];
-
-/// [`MODE_ARGUMENT`]'s older system calls, which only some architectures still have.
-#[cfg(target_arch = "x86_64")]
-const LEGACY_MODE_ARGUMENT: &[(libc::c_long, u8)] = &[
-    (libc::SYS_chmod, 1),
-    (libc::SYS_open, 2),
-    (libc::SYS_creat, 1),
-    (libc::SYS_mknod, 1),
-    (libc::SYS_mkdir, 1),
-];
-#[cfg(not(target_arch = "x86_64"))]
-const LEGACY_MODE_ARGUMENT: &[(libc::c_long, u8)] = &[];
-
-/// The seccomp program of a confined command; every rule fails its call with `EPERM`,
-/// everything else is allowed:
-/// - always: a mode with `S_ISUID` or `S_ISGID` in any call of [`MODE_ARGUMENT`] and
-///   [`LEGACY_MODE_ARGUMENT`];
-///   `openat2` (its mode sits in a structure seccomp cannot read; callers fall back to
-///   `openat`) and `io_uring_setup` (its operations bypass seccomp);
-/// - with network off: `socket(AF_UNIX, …)` (a path-named socket outside the roots would
-///   reach a host daemon). `socketpair` stays allowed (it reaches nothing outside).
-fn seccomp_filter(network: bool) -> Result<Vec<libc::sock_filter>, ConfineError> {
-    use seccompiler::{
-        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-        SeccompRule, TargetArch,
-    };
-    let err = |e: &dyn std::fmt::Display| ConfineError::Seccomp {
-        reason: e.to_string(),
-    };
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
-    let condition = |arg: u8, op: SeccompCmpOp, value: u64| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| err(&e))
-    };
-    let rule = |conditions| SeccompRule::new(conditions).map_err(|e| err(&e));
-    let mut rules = std::collections::BTreeMap::new();
-    for &(call, arg) in MODE_ARGUMENT.iter().chain(LEGACY_MODE_ARGUMENT) {
-        let mut alternatives = Vec::new();
-        for bit in [libc::S_ISUID, libc::S_ISGID] {
-            let bit = u64::from(bit);
-            alternatives.push(rule(vec![condition(
-                arg,
-                SeccompCmpOp::MaskedEq(bit),
-                bit,
-            )?])?);
-        }
-        rules.insert(call, alternatives);
-    }
-    rules.insert(libc::SYS_openat2, vec![]);
-    rules.insert(libc::SYS_io_uring_setup, vec![]);
-    if !network {
-        let unix = condition(0, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
-        rules.insert(libc::SYS_socket, vec![rule(vec![unix])?]);
-    }
-    let filter = SeccompFilter::new(
-        rules.into_iter().collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(|e| err(&e))?;
-    let program: BpfProgram = filter.try_into().map_err(|e| err(&e))?;
-    Ok(program
-        .into_iter()
-        .map(|f| libc::sock_filter {
-            code: f.code,
-            jt: f.jt,
-            jf: f.jf,
-            k: f.k,
-        })
-        .collect())
 }
 
 /// Directory rights beneath a directory; only the file rights on a file.
@@ -718,6 +634,81 @@ mod tests {
             panic!("a dangling protected link must refuse the command");
         };
         assert!(matches!(e, ConfineError::Unverifiable { .. }), "{e}");
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    /// What a `denyRead` entry that cannot be hidden does: one that does not exist, or a
+    /// link leading nowhere, hides nothing and the command runs; a link that loops cannot
+    /// be checked and refuses it. A protected path that is the root itself keeps the root
+    /// read-only (as `--dev` does with a plugin crate as the session root).
+    #[test]
+    fn deny_read_entries_that_cannot_be_hidden_and_a_protected_root() {
+        let ws =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../target/shell-core-deny-test");
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(&ws).unwrap();
+        let ws = ws.canonicalize().unwrap();
+        let prepare = |deny_read: Vec<PathBuf>, protected: Vec<PathBuf>| {
+            Confinement::prepare(&SandboxExecutionPolicy {
+                deny_read,
+                protected_paths: protected,
+                ..policy(SandboxMode::WorkspaceWrite, &ws)
+            })
+        };
+        assert!(prepare(vec![ws.join("absent.pem")], vec![]).is_ok());
+        std::os::unix::fs::symlink(ws.join("gone"), ws.join("dangling.pem")).unwrap();
+        assert!(prepare(vec![ws.join("dangling.pem")], vec![]).is_ok());
+        assert!(prepare(vec![PathBuf::from("**/*.pem")], vec![]).is_ok());
+        std::os::unix::fs::symlink(ws.join("loop.pem"), ws.join("loop.pem")).unwrap();
+        for entry in [ws.join("loop.pem"), PathBuf::from("**/loop.pem")] {
+            let Err(e) = prepare(vec![entry.clone()], vec![]) else {
+                panic!(
+                    "{}: a looping link must refuse the command",
+                    entry.display()
+                );
+            };
+            assert!(matches!(e, ConfineError::Unverifiable { .. }), "{e}");
+        }
+        std::fs::remove_file(ws.join("loop.pem")).unwrap();
+        let confinement = prepare(vec![], vec![ws.clone()]).unwrap();
+        let req = request("echo x > inside.txt", &ws);
+        let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
+        assert!(r.stderr.contains("Read-only file system"), "{r:?}");
+        assert!(!ws.join("inside.txt").exists());
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    /// At most [`MAX_BINDS`] binds: exactly that many prepare, one more is refused.
+    #[test]
+    fn the_bind_limit_is_exact() {
+        let ws =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../target/shell-core-binds-test");
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(&ws).unwrap();
+        let ws = ws.canonicalize().unwrap();
+        let files: Vec<PathBuf> = (0..MAX_BINDS + 1)
+            .map(|i| ws.join(format!("f{i}")))
+            .collect();
+        for f in &files {
+            std::fs::write(f, "").unwrap();
+        }
+        let prepare = |n: usize| {
+            Confinement::prepare(&SandboxExecutionPolicy {
+                protected_paths: files[..n].to_vec(),
+                ..policy(SandboxMode::WorkspaceWrite, &ws)
+            })
+        };
+        let Err(ConfineError::TooManyBinds { count }) = prepare(MAX_BINDS + 1) else {
+            panic!("{} binds must be refused", MAX_BINDS + 1);
+        };
+        // Everything bound besides the protected files (the writable roots).
+        let others = count - (MAX_BINDS + 1);
+        assert!(others >= 1, "{count}");
+        assert!(prepare(MAX_BINDS - others).is_ok());
+        let Err(ConfineError::TooManyBinds { count }) = prepare(MAX_BINDS - others + 1) else {
+            panic!("one bind over the limit must be refused");
+        };
+        assert_eq!(count, MAX_BINDS + 1);
         std::fs::remove_dir_all(&ws).unwrap();
     }
 

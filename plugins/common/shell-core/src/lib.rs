@@ -18,6 +18,7 @@ pub mod confine;
 pub mod env;
 mod limits;
 mod run;
+mod syscalls;
 
 pub use child::Stage;
 pub use confine::{flag_denial, granted_write_roots, ConfineError, Confinement, PINNED_ABI};

@@ -506,6 +506,41 @@ mod tests {
         let made: Vec<PathBuf> = (0..3).map(|_| create_fresh(tmp.path()).unwrap()).collect();
         assert!(made.iter().all(|d| d.is_dir()));
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 67);
+        // Any other error is the answer, at once (never a loop over names).
+        let err = create_fresh(&tmp.path().join("absent")).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    /// A limit is named only when it is on and its signal ended the command; the file
+    /// size limit off, `SIGXFSZ` from elsewhere is no limit of ours.
+    #[test]
+    fn a_limit_is_named_only_when_it_is_on() {
+        let with = |limits: Limits| CommandLimits {
+            limits,
+            dirs: Vec::new(),
+            procs: Vec::new(),
+            rlimits: Vec::new(),
+        };
+        let on = with(Limits::default());
+        let off = with(Limits {
+            file_size_mib: 0,
+            ..Limits::default()
+        });
+        let xfsz = Some(libc::SIGXFSZ);
+        assert_eq!(
+            on.reached(xfsz, None).as_deref(),
+            Some("file size limit (1024 MiB)")
+        );
+        assert_eq!(
+            on.reached(None, Some(128 + libc::SIGXFSZ)).as_deref(),
+            Some("file size limit (1024 MiB)")
+        );
+        assert_eq!(off.reached(xfsz, None), None);
+        assert_eq!(on.reached(None, Some(1)), None);
+        assert_eq!(
+            on.reached(Some(libc::SIGXCPU), None).as_deref(),
+            Some("CPU time limit (the call's timeout)")
+        );
     }
 
     #[test]

@@ -155,6 +155,11 @@ pub struct SandboxExecutionPolicy {
     /// `danger-full-access` always may). Off by default.
     #[serde(default)]
     pub network: bool,
+    /// Whether a confined command with `network` on may create unix sockets (and so reach
+    /// the host's daemons through their socket files: `docker.sock`, the session bus, an
+    /// ssh agent). Off by default; with `network` off they are always refused.
+    #[serde(default)]
+    pub allow_unix_sockets: bool,
     /// Writable roots besides the workspace root and the temp areas (canonical).
     #[serde(default)]
     pub writable_roots: Vec<PathBuf>,
