@@ -4,6 +4,7 @@
 //! Every test checks that the target is unchanged byte for byte, and that the same kind of
 //! change to an unprotected file still works, so a refusal cannot pass by refusing all.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -366,6 +367,54 @@ fn a_repository_the_root_does_not_record_is_protected_too() {
         &["commit", "-q", "--allow-empty", "-m", "person"],
     );
     assert!(!proof.exists(), "planted code ran in the person's git");
+}
+
+/// A check the host cannot make refuses the command: a command owns its writable roots, so
+/// (where the host is not root) it can make a directory unreadable to the host, and a
+/// `denyRead` pattern's match inside it would go unseen by the next command's view. That
+/// command is refused, naming the directory; once the person fixes the mode, the match is
+/// hidden again. Both searches of the workspace (for repositories, for the pattern's
+/// matches) refuse on their own. Run as an unprivileged user (`nobody`) where the tests
+/// run as root.
+#[test]
+fn a_directory_the_host_cannot_read_refuses_the_command() {
+    use std::os::unix::process::CommandExt;
+    let s = Scratch::new();
+    s.manifest(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    denyRead: ['**/*.pem']\n    limits: {memoryMib: 0, processes: 0}\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n",
+    );
+    // SAFETY: a plain system call without arguments.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        for dir in [s.path(), s.state_dir()] {
+            let out = Command::new("chown")
+                .args(["-R", "65534:65534"])
+                .arg(&dir)
+                .output()
+                .expect("chown");
+            assert!(out.status.success(), "chown {}: {out:?}", dir.display());
+        }
+    }
+    let bash = |command: &str| {
+        let mut cmd = s.cordis(&["call", "bash", &json!({ "command": command }).to_string()]);
+        if root {
+            cmd.uid(65534).gid(65534);
+        }
+        run(
+            cmd,
+            &format!("cordis call bash {command} (as an unprivileged user)"),
+            &s,
+        )
+    };
+    bash("mkdir locked && echo key-material > locked/k.pem && chmod 000 locked").expect_code(0);
+    bash("chmod 755 locked; cat locked/k.pem")
+        .expect_code(1)
+        .expect_output(&["SHELL_SANDBOX_UNAVAILABLE", "locked", "Permission denied"]);
+    std::fs::set_permissions(s.path().join("locked"), PermissionsExt::from_mode(0o755))
+        .expect("the person fixes the mode");
+    let r = bash("cat locked/k.pem; echo end");
+    r.expect_code(0).expect_output(&["end"]);
+    assert!(!r.stdout().contains("key-material"), "{}", r.stdout());
 }
 
 #[test]

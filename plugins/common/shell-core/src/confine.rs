@@ -16,7 +16,9 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use dsh_sandbox::{denial_marker, is_within, Fence, PathSet, SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{
+    denial_marker, is_within, Fence, PathSet, SandboxExecutionPolicy, SandboxMode, SearchError,
+};
 use dsh_shell_api::ExecResult;
 use landlock::{
     AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, PathFdError, Ruleset,
@@ -221,11 +223,15 @@ impl Confinement {
         // Outermost first, so an inner root is bound on top of the outer one.
         writable.sort_by_key(|r| r.components().count());
         let expand = |set: &PathSet, root: &Path| {
-            set.expand_beneath(root)
-                .map_err(|visited| ConfineError::TooManyEntries {
+            set.expand_beneath(root).map_err(|e| match e {
+                SearchError::TooLarge { visited } => ConfineError::TooManyEntries {
                     root: root.to_path_buf(),
                     visited,
-                })
+                },
+                SearchError::Unreadable { path, source } => {
+                    ConfineError::Unverifiable { path, source }
+                }
+            })
         };
         // The roots an operator chose: the workspace root and the policy's extra roots.
         let searched: Vec<PathBuf> = std::iter::once(&policy.workspace_root)
@@ -244,10 +250,7 @@ impl Confinement {
                 // git directory's dangling link protects nothing (there is no repository).
                 let canonical = match path.canonicalize() {
                     Ok(canonical) => canonical,
-                    Err(e)
-                        if e.kind() == std::io::ErrorKind::NotFound
-                            && fence.optional.contains(&path) =>
-                    {
+                    Err(e) if dsh_sandbox::fence::absent(&e) && fence.optional.contains(&path) => {
                         continue
                     }
                     Err(source) => return Err(ConfineError::Unverifiable { path, source }),
@@ -270,7 +273,7 @@ impl Confinement {
                     match path.canonicalize() {
                         Ok(canonical) if is_within(&canonical, root) => keep(canonical, root),
                         Ok(_) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) if dsh_sandbox::fence::absent(&e) => {}
                         Err(source) => return Err(ConfineError::Unverifiable { path, source }),
                     }
                 }
@@ -290,7 +293,7 @@ impl Confinement {
         for path in &fence.deny_read.paths {
             match path.symlink_metadata() {
                 Ok(_) => hidden.push(path.clone()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if dsh_sandbox::fence::absent(&e) => {}
                 Err(source) => {
                     return Err(ConfineError::Unverifiable {
                         path: path.clone(),
@@ -308,7 +311,7 @@ impl Confinement {
         for path in hidden {
             match path.canonicalize() {
                 Ok(canonical) => resolved.push(canonical),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) if dsh_sandbox::fence::absent(&e) => {}
                 Err(source) => return Err(ConfineError::Unverifiable { path, source }),
             }
         }
@@ -319,7 +322,9 @@ impl Confinement {
             }
         }
         for list in [&mut protected, &mut pinned, &mut hidden] {
-            list.sort_by_key(|p| p.components().count());
+            // Outermost first; equal paths side by side, so each is bound once (a path
+            // beneath two nested roots is found beneath both).
+            list.sort_by(|a, b| (a.components().count(), a).cmp(&(b.components().count(), b)));
             list.dedup();
         }
         let count = writable.len() + protected.len() + pinned.len() + hidden.len();
@@ -387,7 +392,7 @@ fn creatable(path: &Path, root: &Path) -> Result<Option<PathBuf>, ConfineError> 
         match at.symlink_metadata() {
             Ok(_) if at == path => return Ok(None),
             Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) if dsh_sandbox::fence::absent(&e) => {}
             Err(e) => return Err(unverifiable(at, e)),
         }
         match at.parent() {

@@ -85,31 +85,46 @@ impl PathSet {
 
     /// The existing paths beneath `root` this set covers, outermost only (what a mount view
     /// must hide or re-bind): its plain paths inside `root`, then what its patterns match in
-    /// a walk of `root` (symlinks not followed, a matched directory not entered). `Err` with
-    /// the number of entries visited when the walk passes [`EXPAND_BUDGET`].
-    pub fn expand_beneath(&self, root: &Path) -> Result<Vec<PathBuf>, usize> {
-        let mut out: Vec<PathBuf> = self
-            .paths
-            .iter()
-            .filter(|p| is_within(p, root) && p.symlink_metadata().is_ok())
-            .cloned()
-            .collect();
+    /// a walk of `root` (symlinks not followed, a matched directory not entered). `Err`
+    /// when the walk passes [`EXPAND_BUDGET`] entries, or a path or directory cannot be
+    /// looked at for any reason but not existing (it may hold a match).
+    pub fn expand_beneath(&self, root: &Path) -> Result<Vec<PathBuf>, SearchError> {
+        let unreadable = |path: &Path, source| SearchError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut out: Vec<PathBuf> = Vec::new();
+        for path in self.paths.iter().filter(|p| is_within(p, root)) {
+            match path.symlink_metadata() {
+                Ok(_) => out.push(path.clone()),
+                Err(e) if absent(&e) => {}
+                Err(e) => return Err(unreadable(path, e)),
+            }
+        }
         if !self.patterns.is_empty() {
             let mut visited = 0;
             let mut stack = vec![root.to_path_buf()];
             while let Some(dir) = stack.pop() {
-                let Ok(read) = std::fs::read_dir(&dir) else {
-                    continue;
+                let read = match std::fs::read_dir(&dir) {
+                    Ok(read) => read,
+                    // Removed since its parent was listed: it holds nothing now.
+                    Err(e) if absent(&e) => continue,
+                    Err(e) => return Err(unreadable(&dir, e)),
                 };
-                for entry in read.flatten() {
+                for entry in read {
+                    let entry = entry.map_err(|e| unreadable(&dir, e))?;
                     visited += 1;
                     if visited > EXPAND_BUDGET {
-                        return Err(visited);
+                        return Err(SearchError::TooLarge { visited });
                     }
                     let path = entry.path();
                     if self.matching(&path).is_some() {
                         out.push(path);
-                    } else if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    } else if entry
+                        .file_type()
+                        .map_err(|e| unreadable(&path, e))?
+                        .is_dir()
+                    {
                         stack.push(path);
                     }
                 }
@@ -135,10 +150,52 @@ impl PathSet {
     }
 }
 
+/// Whether a lookup failed because the path does not exist (a part of it missing, or a
+/// file where a directory would be), not because it could not be looked at.
+pub fn absent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
+}
+
 /// Checks a configured pattern: the error says what is wrong with it.
 pub fn check_pattern(pattern: &str) -> Result<(), String> {
     Pattern::new(pattern).map(|_| ()).map_err(|e| e.to_string())
 }
+
+/// Why a search of a tree ([`PathSet::expand_beneath`], [`crate::repositories_beneath`])
+/// could not finish: the caller refuses rather than act on part of it.
+#[derive(Debug)]
+pub enum SearchError {
+    /// The tree holds more entries than one search may visit.
+    TooLarge {
+        /// Directories visited before stopping.
+        visited: usize,
+    },
+    /// A directory could not be listed.
+    Unreadable {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for SearchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SearchError::TooLarge { visited } => {
+                write!(f, "the search visited more than {visited} entries")
+            }
+            SearchError::Unreadable { path, source } => {
+                write!(f, "`{}` cannot be listed: {source}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for SearchError {}
 
 /// One call's fence.
 #[derive(Clone, Debug, Default)]
@@ -321,8 +378,8 @@ mod tests {
             root.join("gone"),
         ]);
         assert_eq!(
-            set.expand_beneath(&root),
-            Ok(vec![root.join("a/.env"), root.join("b/c")])
+            set.expand_beneath(&root).unwrap(),
+            vec![root.join("a/.env"), root.join("b/c")]
         );
         for i in 0..=EXPAND_BUDGET {
             if i % 1000 == 0 {
@@ -330,7 +387,10 @@ mod tests {
             }
             std::fs::write(root.join(format!("many/{}/{i}", i / 1000 * 1000)), "").unwrap();
         }
-        assert!(set.expand_beneath(&root).is_err());
+        assert!(matches!(
+            set.expand_beneath(&root),
+            Err(SearchError::TooLarge { .. })
+        ));
     }
 
     #[test]

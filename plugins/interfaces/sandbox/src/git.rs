@@ -12,6 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::fence::{absent, SearchError};
+
 /// How deep submodules of submodules are followed.
 const MAX_DEPTH: usize = 8;
 
@@ -106,7 +108,7 @@ fn search(root: &Path, budget: usize) -> Result<Vec<PathBuf>, SearchError> {
         let meta = match dir.symlink_metadata() {
             Ok(meta) => meta,
             // Removed since its parent was listed: nothing to protect there.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if absent(&e) => continue,
             Err(source) => return Err(SearchError::Unreadable { path: dir, source }),
         };
         if !meta.is_dir() {
@@ -160,38 +162,6 @@ fn list(dir: &Path, stamp: DirStamp) -> Result<Listing, SearchError> {
     }
     Ok(listing)
 }
-
-/// Why [`repositories_beneath`] could not finish.
-#[derive(Debug)]
-pub enum SearchError {
-    /// The tree holds more directories than one search may visit.
-    TooLarge {
-        /// Directories visited before stopping.
-        visited: usize,
-    },
-    /// A directory could not be listed.
-    Unreadable {
-        /// The directory.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
-impl std::fmt::Display for SearchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SearchError::TooLarge { visited } => {
-                write!(f, "it holds more than {visited} directories")
-            }
-            SearchError::Unreadable { path, source } => {
-                write!(f, "`{}` cannot be listed: {source}", path.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for SearchError {}
 
 /// The git directory of the work tree `worktree`: its `.git` directory, or where its
 /// `.git` file points (`gitdir: PATH`, relative to the work tree).
@@ -492,6 +462,6 @@ mod tests {
         assert_eq!(search(&root, 6).unwrap(), vec![root.join("d4/.git")]);
         let err = search(&root, 5).unwrap_err();
         assert!(matches!(err, SearchError::TooLarge { visited: 5 }), "{err}");
-        assert_eq!(err.to_string(), "it holds more than 5 directories");
+        assert_eq!(err.to_string(), "the search visited more than 5 entries");
     }
 }

@@ -212,8 +212,8 @@ mod git;
 /// Stand-ins for plugin tests (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub use fence::{Fence, PathSet, GIT_PROTECTED};
-pub use git::{repositories_beneath, SearchError, REPOSITORY_BUDGET};
+pub use fence::{Fence, PathSet, SearchError, GIT_PROTECTED};
+pub use git::{repositories_beneath, REPOSITORY_BUDGET};
 
 /// The roots a `workspace-write` call may modify beneath: the workspace root, the policy's
 /// extra roots, `/tmp` and the process temp dir when it may be one (see [`Fence::of`]),
