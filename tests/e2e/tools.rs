@@ -498,6 +498,36 @@ fn fifos_sockets_devices_and_directories_are_refused_without_blocking() {
                 &[&want, "[FS_WRONG_KIND]", "\nhelp: "],
             );
         }
+        // Listing a FIFO is refused by the lookup, never blocks on the open.
+        call(
+            scratch,
+            "list",
+            json!({"path": "pipe"}),
+            1,
+            &["cannot list", "Not a directory", "[FS_WRONG_KIND]"],
+        );
+        // Nothing is even opened: a writer waiting for a reader stays waiting (an open for
+        // reading, even non-blocking, would release it).
+        let mut writer = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo released > '{}'", pipe.display()))
+            .spawn()
+            .expect("start a writer");
+        for (tool, args) in [
+            ("read", json!({"path": "pipe"})),
+            (
+                "edit",
+                json!({"path": "pipe", "old_string": "a", "new_string": "b"}),
+            ),
+            ("list", json!({"path": "pipe"})),
+        ] {
+            call(scratch, tool, args, 1, &["[FS_WRONG_KIND]"]);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let waiting = writer.try_wait().expect("the writer's status").is_none();
+        let _ = writer.kill();
+        let _ = writer.wait();
+        assert!(waiting, "{backends:?}: a refused call opened the FIFO");
         let kind = std::fs::symlink_metadata(&pipe).expect("lstat the FIFO");
         assert!(
             kind.file_type().is_fifo(),

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, OpenOptions};
 use cordis_sdk::{Error, Result};
 use dsh_fs_api::codes;
 use dsh_fs_api::{
@@ -238,45 +238,57 @@ fn not_regular(path: &Path, op: &str, kind: &str) -> Error {
     .with_help(help)
 }
 
-/// Checks that `opened`, the result of opening `path` with [`READ_FLAGS`], is a regular
-/// file: the opened descriptor's own `fstat` decides, so what is checked is what is read.
-/// Returns the file and its reported size; `err` maps an error of the open itself.
-fn regular(
-    opened: io::Result<std::fs::File>,
+/// Opens `name` (relative to the directory `dirfd`, or to the current directory for
+/// `AT_FDCWD`) for reading only if it is a regular file. It is looked at through an
+/// `O_PATH` descriptor first, which opens nothing: a FIFO, a socket or a device is never
+/// opened (no blocking, no side effect of a device's open), and what is read is the very
+/// file whose type was checked (reopened through that descriptor). With `follow` false a
+/// symbolic link at `name` is refused (`ELOOP`) rather than followed. Returns the file and
+/// its reported size; an error of the lookup itself is `Err(io)` for the caller to word.
+fn open_regular_at(
+    dirfd: libc::c_int,
+    name: &std::ffi::OsStr,
+    follow: bool,
     path: &Path,
     op: &str,
-    err: impl FnOnce(io::Error) -> Error,
-) -> Result<(std::fs::File, u64)> {
-    let file = match opened {
-        Ok(file) => file,
-        // A socket cannot be opened at all ("no such device or address"): name what is
-        // there. The path is only looked at to word the refusal, never opened.
-        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
-            let kind = std::fs::metadata(path)
-                .ok()
-                .and_then(|m| not_regular_kind(m.file_type()));
-            return Err(match kind {
-                Some(kind) => not_regular(path, op, kind),
-                None => err(e),
-            });
-        }
-        Err(e) => return Err(err(e)),
+) -> std::result::Result<Result<(std::fs::File, u64)>, io::Error> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c_name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
+    // SAFETY: a valid C string and flags; the descriptor is owned at once.
+    let fd = unsafe {
+        libc::openat(
+            dirfd,
+            c_name.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | nofollow,
+        )
     };
-    let meta = file.metadata().map_err(|e| io_error(e, op, path))?;
-    match not_regular_kind(meta.file_type()) {
-        Some(kind) => Err(not_regular(path, op, kind)),
-        None => Ok((file, meta.len())),
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
-}
-
-/// Opens `path` ambiently for reading; anything but a regular file is refused unblocked.
-fn open_regular(path: &Path, op: &str) -> Result<(std::fs::File, u64)> {
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let handle = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let meta = handle.metadata()?;
+    if meta.file_type().is_symlink() {
+        return Err(io::Error::from_raw_os_error(libc::ELOOP));
+    }
+    if let Some(kind) = not_regular_kind(meta.file_type()) {
+        return Ok(Err(not_regular(path, op, kind)));
+    }
     use std::os::unix::fs::OpenOptionsExt;
-    let opened = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(READ_FLAGS)
-        .open(path);
-    regular(opened, path, op, |e| io_error(e, op, path))
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))?;
+    Ok(Ok((file, meta.len())))
+}
+
+/// Opens `path` ambiently for reading; anything but a regular file is refused unopened.
+fn open_regular(path: &Path, op: &str) -> Result<(std::fs::File, u64)> {
+    open_regular_at(libc::AT_FDCWD, path.as_os_str(), true, path, op)
+        .unwrap_or_else(|e| Err(io_error(e, op, path)))
 }
 
 /// The largest file read whole ([`read_text`], the read before an edit) and the largest
@@ -570,7 +582,16 @@ pub fn list_dir(args: &ListDir, deny: &ReadDeny) -> Result<Listing> {
     }
     let keep = usize::try_from(args.max_entries).unwrap_or(usize::MAX);
     deny.check_path(path)?;
-    let dir = std::fs::File::open(path).map_err(|e| io_error(e, "list", path))?;
+    // `O_DIRECTORY`: anything else is refused by the lookup, before it is opened (a FIFO
+    // would block the call forever, a device's open can have effects).
+    let dir = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | READ_FLAGS)
+            .open(path)
+            .map_err(|e| io_error(e, "list", path))?
+    };
     deny.check(&dir, path)?;
     // Listed through the descriptor that was checked.
     let opened = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir));
@@ -910,14 +931,33 @@ impl Target {
     /// The file's text, read through the parent handle; anything but a regular file is
     /// refused without blocking on it.
     pub fn read_text(&self) -> Result<String> {
-        let opened = self
-            .parent
-            .open_with(
-                &self.name,
-                OpenOptions::new().read(true).custom_flags(READ_FLAGS),
-            )
-            .map(cap_std::fs::File::into_std);
-        let (file, size) = regular(opened, &self.path, "read", |e| self.err(e, "read"))?;
+        // The name itself is never followed: it was resolved and checked as a regular
+        // path, so a symbolic link there now was put there since (it could lead to a file
+        // the call may not read, whose text the edit would then write back readable).
+        let opened = open_regular_at(
+            std::os::fd::AsRawFd::as_raw_fd(&self.parent),
+            &self.name,
+            false,
+            &self.path,
+            "read",
+        );
+        let (file, size) = match opened {
+            Ok(checked) => checked?,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                let why = "it became a symbolic link after it was checked (where it leads now is not followed)";
+                return Err(match self.fence {
+                    Some(mode) => sandbox_denied(mode, &self.path, why),
+                    None => Error::new(
+                        codes::FS_WRONG_KIND,
+                        format!("cannot read `{}`: {why}", self.path.display()),
+                    )
+                    .with_help(
+                        "call again; if it keeps changing, something else is replacing the file",
+                    ),
+                });
+            }
+            Err(e) => return Err(self.err(e, "read")),
+        };
         if size > WHOLE_FILE_MAX_BYTES {
             return Err(too_large(&self.path, "the file"));
         }

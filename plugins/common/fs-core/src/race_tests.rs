@@ -363,3 +363,51 @@ fn swaps_racing_the_writer_fall_inside_the_window_and_never_escape() {
         flipped.get()
     );
 }
+
+/// `edit` reads the file, then writes the result back: the file swapped for a symbolic link
+/// to a `denyRead` file after its path was checked (exactly inside the window, through
+/// the seam) is refused, not followed, so the secret never lands in a readable file.
+#[test]
+fn an_edit_does_not_follow_a_file_swapped_for_a_link_to_a_hidden_one() {
+    let layout = Layout::new();
+    std::fs::create_dir(layout.ws.join("d")).expect("mkdir d");
+    std::fs::write(layout.ws.join("d/f.txt"), "old\n").expect("the file");
+    std::fs::write(layout.ws.join("d/.env"), "old TOKEN=secret\n").expect("the secret");
+    let policy = SandboxExecutionPolicy {
+        deny_read: vec![PathBuf::from("**/.env")],
+        ..policy(&layout.ws)
+    };
+    let path = layout.ws.join("d/f.txt");
+    let (victim, secret) = (path.clone(), layout.ws.join("d/.env"));
+    let mut swap = Some(move || {
+        std::fs::remove_file(&victim).expect("remove the file");
+        std::os::unix::fs::symlink(&secret, &victim).expect("plant the link");
+    });
+    let outcome = race::with(
+        move |point| {
+            if point == Point::Opened {
+                if let Some(swap) = swap.take() {
+                    swap();
+                }
+            }
+        },
+        || {
+            fenced_target(&policy, &path, Parents::Existing)
+                .and_then(|t| t.edit("old", "new", false))
+                .map(|_| ())
+        },
+    );
+    let err = outcome.expect_err("the swapped edit must be refused");
+    assert_eq!(err.code, codes::FS_SANDBOX_DENIED, "{err:?}");
+    assert!(err.message.contains("became a symbolic link"), "{err:?}");
+    assert!(
+        std::fs::symlink_metadata(layout.ws.join("d/f.txt"))
+            .expect("f.txt")
+            .is_symlink(),
+        "the link is left as it was"
+    );
+    assert_eq!(
+        std::fs::read_to_string(layout.ws.join("d/.env")).expect(".env"),
+        "old TOKEN=secret\n"
+    );
+}
