@@ -749,3 +749,27 @@ fn a_kernel_without_landlock_runs_no_command_and_says_why() {
         ],
     );
 }
+
+/// The process that supervises a command is forked from the host and never execs: the
+/// host's signal handlers (`cordis run`'s runtime watches SIGTERM and SIGINT) must not run
+/// in it. A SIGTERM sent to the supervisor (the command's parent, under `dsh-bash-local`)
+/// ends that call like any other kill, and the server goes on serving.
+#[test]
+fn the_hosts_signal_handlers_do_not_run_in_a_commands_supervisor() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: dsh-sandbox-policy\n  config: {mode: danger-full-access}\n- name: dsh-bash-local\n- name: dsh-tool-bash\n",
+    );
+    let mut mcp = cordis_e2e::McpStdio::start(s.cordis(&["run", "--no-watch"]));
+    let (_, text) = mcp.call(
+        "bash",
+        serde_json::json!({"command": "kill -TERM $PPID; sleep 2; echo after"}),
+    );
+    assert!(
+        text.contains("killed by signal 15") && !text.contains("after"),
+        "the supervisor takes SIGTERM's default action: {text}"
+    );
+    let (is_error, text) = mcp.call("bash", serde_json::json!({"command": "echo still serving"}));
+    assert!(!is_error && text.contains("still serving"), "{text}");
+    assert!(mcp.finish().success());
+}

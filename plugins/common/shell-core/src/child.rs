@@ -238,6 +238,17 @@ unsafe fn check(report: RawFd, stage: Stage, ret: libc::c_long) {
 pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     let report = plan.report;
     check(report, Stage::Session, libc::setsid() as _);
+    // The host's signal handlers (its runtime's) were copied by the fork; this process and
+    // the confined command's init never exec, so they would run here. Every signal gets its
+    // default action back, and none stays blocked.
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+    let mut unblocked: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut unblocked);
+    libc::sigprocmask(libc::SIG_SETMASK, &unblocked, std::ptr::null_mut());
     if let Some(limits) = &plan.limits {
         for &fd in &limits.procs {
             if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -284,16 +295,35 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
             libc::pipe2(status_pipe.as_mut_ptr(), libc::O_CLOEXEC) as _,
         );
     }
+    // Held open by the supervisor alone (never written): its end of file tells a child
+    // that the supervisor is gone, where `getppid` cannot (a new pid namespace's init sees
+    // its parent as 0).
+    let mut alive = [-1; 2];
+    check(
+        report,
+        Stage::Fork,
+        libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) as _,
+    );
     let child = libc::fork();
     check(report, Stage::Fork, child as _);
     if child == 0 {
-        libc::close(plan.control);
+        libc::close(alive[1]);
         libc::close(plan.status);
         if let Some(fd) = plan.cancel {
             libc::close(fd);
         }
-        // The payload dies with its supervisor, whatever kills it.
+        // The payload dies with its supervisor, whatever kills it; a supervisor that died
+        // before this line was reached is caught by the check after it.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let mut gone = libc::pollfd {
+            fd: alive[0],
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if libc::poll(&mut gone, 1, 0) != 0 {
+            libc::_exit(SETUP_FAILED);
+        }
+        libc::close(alive[0]);
         return match &plan.sandbox {
             None => {
                 if libc::getppid() != supervisor {
@@ -308,6 +338,7 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
             }
         };
     }
+    libc::close(alive[0]);
     libc::close(report);
     if landlock >= 0 {
         libc::close(landlock);
