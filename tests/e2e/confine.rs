@@ -364,6 +364,9 @@ fn env_seen_by(scratch: &Scratch, layout: &Layout, manifest: &str) -> String {
         .env("AWS_SECRET_ACCESS_KEY", "aws-cordis-test")
         .env("Db_Password", "pw-cordis-test")
         .env("MY_CREDENTIALS", "cred-cordis-test")
+        .env("GITHUB_PAT", "pat-cordis-test")
+        .env("DATABASE_URL", "postgres://app:url-cordis-test@db/app")
+        .env("SSH_AUTH_SOCK", "/run/agent-cordis-test")
         .env("CORDIS_PLAIN", "plain-value")
         .output()
         .expect("run cordis call");
@@ -391,7 +394,9 @@ fn commands_get_a_scrubbed_environment_in_both_families() {
             &layout,
             &format!("{policy}- name: {shell}\n- name: dsh-tool-bash\n"),
         );
-        for secret in ["sk-", "ghp-", "aws-", "pw-", "cred-"] {
+        for secret in [
+            "sk-", "ghp-", "aws-", "pw-", "cred-", "pat-", "url-", "agent-",
+        ] {
             assert!(
                 !seen.contains(&format!("{secret}cordis-test")),
                 "{shell}: a secret reached the command:\n{seen}"

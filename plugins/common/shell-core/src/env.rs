@@ -14,9 +14,29 @@ use std::ffi::OsString;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-/// Names dropped unless `ignoreDefaultExcludes` is set.
-pub const DEFAULT_EXCLUDES: [&str; 5] =
-    ["*KEY*", "*SECRET*", "*TOKEN*", "*PASSWORD*", "*CREDENTIAL*"];
+/// Names dropped unless `ignoreDefaultExcludes` is set or `includeOnly` names them
+/// exactly: secrets by name, and the ssh agent's socket (a key's use, not its bytes).
+pub const DEFAULT_EXCLUDES: [&str; 8] = [
+    "*KEY*",
+    "*SECRET*",
+    "*TOKEN*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*_PAT",
+    "SSH_AUTH_SOCK",
+];
+
+/// Whether `value` carries a credential in a URL's user information
+/// (`postgres://user:pass@db/app`, `https://token@forge/`, a proxy with a login): such a
+/// variable is dropped like a secret's name, whatever it is called.
+pub fn carries_credentials(value: &str) -> bool {
+    value.match_indices("://").any(|(at, sep)| {
+        let rest = &value[at + sep.len()..];
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        authority.contains('@')
+    })
+}
 
 /// The names `inherit: core` keeps (plus every `LC_*`).
 pub const CORE_VARS: [&str; 14] = [
@@ -45,8 +65,10 @@ pub struct EnvPolicy {
     /// `none`.
     #[serde(default)]
     pub inherit: Inherit,
-    /// Keep names matching `*KEY*`, `*SECRET*`, `*TOKEN*`, `*PASSWORD*`, `*CREDENTIAL*`
-    /// (dropped by default, case-insensitively).
+    /// Keep names matching `*KEY*`, `*SECRET*`, `*TOKEN*`, `*PASSWORD*`, `*PASSWD*`,
+    /// `*CREDENTIAL*`, `*_PAT` and `SSH_AUTH_SOCK`, and values holding a URL with a login
+    /// (`scheme://user:pass@host`), which are dropped by default (names
+    /// case-insensitively). One such variable is kept by naming it in `includeOnly`.
     #[serde(default)]
     pub ignore_default_excludes: bool,
     /// More names to drop (case-insensitive globs).
@@ -68,16 +90,22 @@ impl EnvPolicy {
     ) -> Vec<(OsString, OsString)> {
         let mut out: Vec<(OsString, OsString)> = vars
             .into_iter()
-            .filter(|(name, _)| {
+            .filter(|(name, value)| {
                 let name = name.to_string_lossy();
                 let inherited = match self.inherit {
                     Inherit::All => true,
                     Inherit::Core => CORE_VARS.contains(&name.as_ref()) || name.starts_with("LC_"),
                     Inherit::None => false,
                 };
+                // Named in `includeOnly` without a wildcard: the operator asked for it.
+                let named = self
+                    .include_only
+                    .iter()
+                    .any(|p| !p.contains(['*', '?']) && p.eq_ignore_ascii_case(&name));
+                let secret = DEFAULT_EXCLUDES.iter().any(|p| glob_match(p, &name))
+                    || carries_credentials(&value.to_string_lossy());
                 inherited
-                    && (self.ignore_default_excludes
-                        || !DEFAULT_EXCLUDES.iter().any(|p| glob_match(p, &name)))
+                    && (self.ignore_default_excludes || named || !secret)
                     && !self.exclude.iter().any(|p| glob_match(p, &name))
                     && (self.include_only.is_empty()
                         || self.include_only.iter().any(|p| glob_match(p, &name)))
@@ -99,7 +127,7 @@ impl EnvPolicy {
         };
         let mut text = format!("Commands get {inherit}");
         if !self.ignore_default_excludes {
-            text.push_str(", without names containing KEY, SECRET, TOKEN, PASSWORD or CREDENTIAL");
+            text.push_str(", without names containing KEY, SECRET, TOKEN, PASSWORD, PASSWD or CREDENTIAL or ending in _PAT, without SSH_AUTH_SOCK, and without values holding a URL with a login");
         }
         if !self.exclude.is_empty() {
             text.push_str(&format!(", without {}", self.exclude.join(", ")));
@@ -168,6 +196,12 @@ mod tests {
             ("db_password", "pw"),
             ("MY_CREDENTIALS", "c"),
             ("EDITOR", "vi"),
+            ("DATABASE_URL", "postgres://app:hunter2@db:5432/app"),
+            ("GITHUB_PAT", "ghp"),
+            ("LDAP_PASSWD", "pw"),
+            ("SSH_AUTH_SOCK", "/tmp/ssh-x/agent.1"),
+            ("HTTPS_PROXY", "http://proxy:3128"),
+            ("PUSH_URL", "https://x-access:ghp@forge.example/repo.git"),
         ]
         .into_iter()
         .map(|(k, v)| (k.into(), v.into()))
@@ -183,7 +217,37 @@ mod tests {
     #[test]
     fn the_default_drops_every_secret_name_and_keeps_the_rest() {
         let env = EnvPolicy::default().apply(host());
-        assert_eq!(names(&env), ["PATH", "HOME", "LC_ALL", "EDITOR"]);
+        assert_eq!(
+            names(&env),
+            ["PATH", "HOME", "LC_ALL", "EDITOR", "HTTPS_PROXY"]
+        );
+        // Named in `includeOnly`, one is kept; a glob does not lift the default.
+        let named = EnvPolicy {
+            include_only: vec!["ssh_auth_sock".into(), "DATABASE_*".into(), "PATH".into()],
+            ..EnvPolicy::default()
+        };
+        assert_eq!(names(&named.apply(host())), ["PATH", "SSH_AUTH_SOCK"]);
+    }
+
+    #[test]
+    fn credentials_in_urls_are_found_in_any_value() {
+        for value in [
+            "postgres://u:p@h/db",
+            "https://token@github.com/a/b",
+            "x=1 redis://:pw@cache:6379",
+            "http://user@proxy",
+        ] {
+            assert!(carries_credentials(value), "{value}");
+        }
+        for value in [
+            "https://github.com/a@b",
+            "mailto:me@example.com",
+            "http://proxy:3128",
+            "me@example.com",
+            "a://",
+        ] {
+            assert!(!carries_credentials(value), "{value}");
+        }
     }
 
     #[test]
