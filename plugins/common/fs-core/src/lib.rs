@@ -698,18 +698,26 @@ pub fn fenced_target(
                 ));
             };
             guard(&fence, mode, path, &canonical)?;
-            let target = Target::beneath(root, &canonical, parents, mode)?;
+            let target = Target::beneath_checked(root, &canonical, parents, mode, |made| {
+                guard(&fence, mode, path, made)
+            })?;
             // What was reached, not what was asked: a directory swapped for a symlink
             // into a protected directory after the check above is caught here.
-            let reached = std::fs::read_link(format!(
-                "/proc/self/fd/{}",
-                std::os::fd::AsRawFd::as_raw_fd(&target.parent)
-            ))
-            .map_err(|e| io_error(e, "check the directory of", path))?;
+            let reached = reached(&target.parent, path)?;
             guard(&fence, mode, path, &reached.join(&target.name))?;
             Ok(target)
         }
     }
+}
+
+/// Where the open directory `dir` really is (its descriptor's path), for a check of what
+/// was reached; `path` is the call's, for the error.
+fn reached(dir: &Dir, path: &Path) -> Result<PathBuf> {
+    std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(dir)
+    ))
+    .map_err(|e| io_error(e, "check the directory of", path))
 }
 
 /// Refuses a mutation of `canonical` (asked as `path`) that the fence protects or makes
@@ -803,6 +811,20 @@ impl Target {
         parents: Parents,
         mode: SandboxMode,
     ) -> Result<Target> {
+        Target::beneath_checked(root, path, parents, mode, |_| Ok(()))
+    }
+
+    /// [`Target::beneath`], asking `check` about every directory before it is created, by
+    /// the path it is really created at (what was reached, not what was asked): a
+    /// directory on the way swapped for a symlink into a protected one gets nothing made
+    /// in it.
+    pub fn beneath_checked(
+        root: &Path,
+        path: &Path,
+        parents: Parents,
+        mode: SandboxMode,
+        check: impl Fn(&Path) -> Result<()>,
+    ) -> Result<Target> {
         let rel = path.strip_prefix(root).map_err(|_| {
             sandbox_denied(
                 mode,
@@ -839,15 +861,29 @@ impl Target {
             .map_err(|e| io_error(e, "open the writable root for", path))?;
         let parent = if rel_parent.as_os_str().is_empty() {
             root_dir
-        } else {
-            if parents == Parents::Create {
-                match root_dir.create_dir_all(rel_parent) {
-                    // Something appeared there meanwhile (a directory, a file or a symlink):
-                    // opening it below decides whether it is a directory beneath the root.
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    r => r.map_err(|e| fenced(e, "create the directories of"))?,
-                }
+        } else if parents == Parents::Create {
+            // One directory at a time, each opened beneath the last: a missing one is
+            // checked where it would really be made, then made.
+            let mut dir = root_dir;
+            for part in rel_parent.components() {
+                let part = part.as_os_str();
+                dir = match dir.open_dir(part) {
+                    Ok(next) => next,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        check(&reached(&dir, path)?.join(part))?;
+                        match dir.create_dir(part) {
+                            // Something appeared there meanwhile: opening it decides.
+                            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                            r => r.map_err(|e| fenced(e, "create the directories of"))?,
+                        }
+                        dir.open_dir(part)
+                            .map_err(|e| fenced(e, "open the directory of"))?
+                    }
+                    Err(e) => return Err(fenced(e, "open the directory of")),
+                };
             }
+            dir
+        } else {
             root_dir
                 .open_dir(rel_parent)
                 .map_err(|e| fenced(e, "open the directory of"))?

@@ -213,26 +213,35 @@ fn a_directory_swapped_for_a_symlink_into_a_protected_directory_is_denied() {
         ..policy(&layout.ws)
     };
     // Relative, so resolving it beneath the root is allowed.
-    let (victim, target) = (layout.ws.join("d"), PathBuf::from("guarded"));
-    let (outcome, points) = raced_under(policy, &layout, "d/f.txt", Op::Write, move || {
-        swap_for_symlink(&victim, &target)
-    });
-    assert_eq!(
-        points.first(),
-        Some(&Point::Checked),
-        "the window was reached"
-    );
-    assert!(
-        std::fs::symlink_metadata(layout.ws.join("d"))
-            .expect("d")
-            .is_symlink(),
-        "the swap happened"
-    );
-    assert_eq!(outcome, Some(codes::FS_SANDBOX_DENIED.to_string()));
-    assert!(
-        !guarded.join("f.txt").exists(),
-        "the write landed in the protected directory"
-    );
+    // A write into `d`, and one that makes directories beneath it: nothing at all may be
+    // made in the protected directory, not even an empty directory on the way.
+    for rel in ["d/f.txt", "d/new/deeper/f.txt"] {
+        if std::fs::symlink_metadata(layout.ws.join("d")).is_ok_and(|m| m.is_symlink()) {
+            std::fs::remove_file(layout.ws.join("d")).expect("remove the link");
+            std::fs::rename(layout.ws.join("d.parked"), layout.ws.join("d")).expect("restore d");
+        }
+        let (victim, target) = (layout.ws.join("d"), PathBuf::from("guarded"));
+        let (outcome, points) = raced_under(policy.clone(), &layout, rel, Op::Write, move || {
+            swap_for_symlink(&victim, &target)
+        });
+        assert_eq!(
+            points.first(),
+            Some(&Point::Checked),
+            "{rel}: the window was reached"
+        );
+        assert!(
+            std::fs::symlink_metadata(layout.ws.join("d"))
+                .expect("d")
+                .is_symlink(),
+            "{rel}: the swap happened"
+        );
+        assert_eq!(outcome, Some(codes::FS_SANDBOX_DENIED.to_string()), "{rel}");
+        assert_eq!(
+            std::fs::read_dir(&guarded).expect("list guarded").count(),
+            0,
+            "{rel}: something was made in the protected directory"
+        );
+    }
 }
 
 #[test]
