@@ -315,6 +315,32 @@ fn under_dev_no_session_can_change_what_is_rebuilt_into_the_host() {
             mcp.call("dev_guard_greet", json!({"name": "Ada"})),
             (false, "hello, Ada!".to_string())
         );
+        // A toolchain file that appears above the project (where a session rooted there
+        // could write it) stops the rebuilds: the person's next save is not built with it.
+        let toolchain = plugin.scratch.path().join("rust-toolchain.toml");
+        std::fs::write(&toolchain, "[toolchain]\nchannel = \"stable\"\n").expect("toolchain");
+        std::fs::write(
+            &source,
+            String::from_utf8_lossy(&before[0]).replace("hello", "hi"),
+        )
+        .expect("the person's edit");
+        eventually("the refused build", || {
+            std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .contains("dev: not building")
+                .then_some(())
+        });
+        assert!(
+            std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .contains(&toolchain.display().to_string()),
+            "the refusal names the file"
+        );
+        assert_eq!(
+            mcp.call("dev_guard_greet", json!({"name": "Ada"})),
+            (false, "hello, Ada!".to_string())
+        );
+        std::fs::write(&source, &before[0]).expect("restore the source");
         assert!(mcp.finish().success());
     });
     assert_eq!(std::fs::read(&source).expect("source"), before[0]);

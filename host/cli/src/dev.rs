@@ -128,6 +128,10 @@ struct Project {
     target_dir: PathBuf,
     /// The directories of its members (watched recursively).
     member_dirs: Vec<PathBuf>,
+    /// The configuration files cargo and rustup read for a build here that existed when
+    /// `--dev` started (protected), and those that did not (a build is refused once one
+    /// appears).
+    configs: (Vec<PathBuf>, Vec<PathBuf>),
     /// The members with a `cdylib` target.
     plugins: Vec<Member>,
 }
@@ -138,7 +142,29 @@ impl Project {
     fn trusted_paths(&self) -> Vec<PathBuf> {
         let mut paths = self.member_dirs.clone();
         paths.push(self.target_dir.clone());
+        paths.push(self.manifest.clone());
+        if let Some(root) = self.manifest.parent() {
+            paths.push(root.join("Cargo.lock"));
+        }
+        for config in &self.configs.0 {
+            // A `.cargo` directory whole, so no other config file appears beside one.
+            match config.parent() {
+                Some(dir) if dir.ends_with(".cargo") => paths.push(dir.to_path_buf()),
+                _ => paths.push(config.clone()),
+            }
+        }
+        paths.sort();
+        paths.dedup();
         paths
+    }
+
+    /// The configuration files that did not exist when `--dev` started and do now.
+    fn appeared_configs(&self) -> Vec<&PathBuf> {
+        self.configs
+            .1
+            .iter()
+            .filter(|p| p.symlink_metadata().is_ok())
+            .collect()
     }
 }
 
@@ -160,7 +186,11 @@ impl Project {
             .iter()
             .filter(|p| members.contains(p.id.as_str()))
             .collect();
+        let (present, absent): (Vec<PathBuf>, Vec<PathBuf>) = build_configs(&meta.workspace_root)
+            .into_iter()
+            .partition(|p| p.symlink_metadata().is_ok());
         Ok(Project {
+            configs: (present, absent),
             manifest: meta.workspace_root.join("Cargo.toml"),
             target_dir: meta
                 .target_directory
@@ -236,8 +266,21 @@ impl Project {
         !hidden && !backup
     }
 
-    /// Runs one `cargo build` per profile; true when every one succeeded.
+    /// Runs one `cargo build` per profile; true when every one succeeded. Refused while a
+    /// configuration file cargo or rustup would read appeared since `--dev` started.
     fn build(&self, builds: &Builds) -> bool {
+        let appeared = self.appeared_configs();
+        if !appeared.is_empty() {
+            let list: Vec<String> = appeared.iter().map(|p| p.display().to_string()).collect();
+            tracing::error!(
+                "dev: not building: {} appeared since `cordis run --dev` started; cargo and rustup \
+                 would run what it says (a `rustc-wrapper`, a linker, a toolchain) unconfined, \
+                 and a sandboxed session may have written it. Look at it, then restart \
+                 `cordis run --dev` to build with it; still serving the previous build",
+                list.join(", ")
+            );
+            return false;
+        }
         builds
             .iter()
             .all(|(profile, packages)| self.build_one(profile, packages))
@@ -248,6 +291,11 @@ impl Project {
         let list = packages.iter().cloned().collect::<Vec<_>>().join(", ");
         tracing::info!("dev: cargo build --profile {profile} of {list}");
         let mut cmd = cargo();
+        // In the project's root, so the configuration cargo and rustup find is the one
+        // checked above, whatever directory the host runs in.
+        if let Some(root) = self.manifest.parent() {
+            cmd.current_dir(root);
+        }
         cmd.arg("build")
             .arg("--manifest-path")
             .arg(&self.manifest)
@@ -286,6 +334,22 @@ impl Project {
         }
         ok
     }
+}
+
+/// The configuration files cargo (`.cargo/config.toml`, `.cargo/config`) and rustup
+/// (`rust-toolchain.toml`, `rust-toolchain`) read for a build run in `root`: in it and in
+/// every directory above it.
+fn build_configs(root: &Path) -> Vec<PathBuf> {
+    root.ancestors()
+        .flat_map(|dir| {
+            [
+                dir.join(".cargo/config.toml"),
+                dir.join(".cargo/config"),
+                dir.join("rust-toolchain.toml"),
+                dir.join("rust-toolchain"),
+            ]
+        })
+        .collect()
 }
 
 /// The source files listed in the dep-info file cargo writes beside `library`
@@ -547,6 +611,7 @@ mod tests {
             manifest: root.join("Cargo.toml"),
             target_dir: root.join("target"),
             member_dirs: vec![root.join("plugins/a"), root.join("plugins/b")],
+            configs: (Vec::new(), Vec::new()),
             plugins: vec![
                 Member {
                     package: "plugin-a".into(),
@@ -558,6 +623,42 @@ mod tests {
                 },
             ],
         }
+    }
+
+    /// What cargo and rustup read as configuration is protected where it exists, and a
+    /// build is refused once one appears where there was none.
+    #[test]
+    fn build_configuration_is_protected_or_watched_for() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ws");
+        std::fs::create_dir_all(tmp.path().join(".cargo")).unwrap();
+        std::fs::write(tmp.path().join(".cargo/config.toml"), "").unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        let configs = build_configs(&root);
+        assert!(configs.contains(&root.join(".cargo/config.toml")));
+        assert!(configs.contains(&root.join("rust-toolchain.toml")));
+        assert!(configs.contains(&tmp.path().join(".cargo/config")));
+        let (present, absent): (Vec<PathBuf>, Vec<PathBuf>) = configs
+            .into_iter()
+            .partition(|p| p.symlink_metadata().is_ok());
+        let p = Project {
+            configs: (present, absent),
+            ..project(&root)
+        };
+        let trusted = p.trusted_paths();
+        for path in [
+            tmp.path().join(".cargo"),
+            root.join("Cargo.toml"),
+            root.join("Cargo.lock"),
+            root.join("target"),
+        ] {
+            assert!(trusted.contains(&path), "{} in {trusted:?}", path.display());
+        }
+        assert!(p.appeared_configs().is_empty());
+        assert!(p.build(&Builds::new()));
+        std::fs::write(root.join("rust-toolchain.toml"), "").unwrap();
+        assert_eq!(p.appeared_configs(), [&root.join("rust-toolchain.toml")]);
+        assert!(!p.build(&Builds::new()), "a build is refused");
     }
 
     #[test]
