@@ -417,6 +417,80 @@ fn a_directory_the_host_cannot_read_refuses_the_command() {
     assert!(!r.stdout().contains("key-material"), "{}", r.stdout());
 }
 
+/// A protected path that runs through a symbolic link is protected at both ends. The
+/// common `.git/hooks -> ../githooks`: a hook written through either name, by `bash` or
+/// `write`, is refused, and the person's commit runs none. A configured protected path
+/// named through a link: its target cannot be written by its own name either.
+#[test]
+fn a_protected_link_is_protected_where_it_leads() {
+    let s = Scratch::new();
+    let outside = Outside::new("links");
+    let repo = outside.dir.join("repo");
+    let proof = outside.dir.join("pwned");
+    std::fs::create_dir_all(repo.join("githooks")).expect("githooks");
+    std::fs::create_dir_all(repo.join("real/deploy")).expect("real/deploy");
+    std::fs::create_dir_all(repo.join("links")).expect("links");
+    std::os::unix::fs::symlink("../real/deploy", repo.join("links/deploy")).expect("link");
+    person_git(&repo, &["init", "-q"]);
+    std::fs::remove_dir_all(repo.join(".git/hooks")).expect("the default hooks");
+    std::os::unix::fs::symlink("../githooks", repo.join(".git/hooks")).expect("hooks link");
+    std::fs::write(repo.join("a.txt"), "a\n").expect("a file");
+    person_git(&repo, &["add", "a.txt"]);
+    person_git(&repo, &["commit", "-qm", "one"]);
+    s.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    protectedPaths: ['{}']\n\
+         - name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-fs\n- name: dsh-tool-bash\n",
+        repo.join("links/deploy").display()
+    ));
+    let hook = format!("#!/bin/sh\ntouch {}\n", proof.display());
+    let bash = |command: &str| {
+        let mut cmd = s.cordis(&[
+            "call",
+            "--cwd",
+            &repo.display().to_string(),
+            "bash",
+            &json!({ "command": command }).to_string(),
+        ]);
+        cmd.env("RUST_LOG", "warn");
+        run(cmd, &format!("cordis call bash {command}"), &s)
+    };
+    bash(&format!(
+        "printf '{}' > githooks/pre-commit; chmod +x githooks/pre-commit; \
+         echo evil > real/deploy/run.sh; rm links/deploy; ln -sfn /tmp links/deploy; \
+         echo ok > free.txt; exit 0",
+        hook.replace('\n', "\\n")
+    ))
+    .expect_output(&["Read-only file system"]);
+    for path in [
+        repo.join(".git/hooks/pre-commit"),
+        repo.join("githooks/pre-commit"),
+        repo.join("real/deploy/run.sh"),
+        repo.join("links/deploy/run.sh"),
+    ] {
+        let mut write = s.cordis(&[
+            "call",
+            "--cwd",
+            &repo.display().to_string(),
+            "write",
+            &json!({"path": path.display().to_string(), "content": hook}).to_string(),
+        ]);
+        write.env("RUST_LOG", "warn");
+        run(write, &format!("cordis call write {}", path.display()), &s)
+            .expect_code(1)
+            .expect_output(&[&marker()]);
+    }
+    assert!(!repo.join("githooks/pre-commit").exists());
+    assert!(!repo.join("real/deploy/run.sh").exists());
+    assert_eq!(
+        std::fs::read_link(repo.join("links/deploy")).expect("the link"),
+        Path::new("../real/deploy"),
+        "the link was repointed"
+    );
+    assert_eq!(read(&repo.join("free.txt")), b"ok\n", "the control");
+    person_git(&repo, &["commit", "-q", "--allow-empty", "-m", "person"]);
+    assert!(!proof.exists(), "a planted hook ran in the person's commit");
+}
+
 #[test]
 fn without_a_state_dir_commands_fail_instead_of_guessing() {
     let s = Scratch::with_bundled_manifest();

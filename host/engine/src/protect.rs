@@ -59,7 +59,14 @@ impl Protection {
     /// Protects `paths` from now on.
     pub fn add(&self, paths: impl IntoIterator<Item = PathBuf>) {
         let mut set = self.paths.lock().unwrap_or_else(|e| e.into_inner());
-        set.extend(paths.into_iter().map(|p| canonical_lenient(&p)));
+        for path in paths {
+            // As named too (absolute, links kept): a link on the way is protected at both
+            // ends by the policy owner only if it sees the link.
+            if let Ok(absolute) = std::path::absolute(&path) {
+                set.insert(absolute);
+            }
+            set.insert(canonical_lenient(&path));
+        }
     }
 
     /// Protects what `manifest` (read from `file`) can load: the file itself, every
@@ -109,7 +116,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_are_canonical_even_before_they_exist() {
+    fn paths_are_canonical_even_before_they_exist_and_kept_as_named() {
         let tmp = tempfile::tempdir().unwrap();
         let real = tmp.path().canonicalize().unwrap();
         std::os::unix::fs::symlink(&real, real.join("alias")).unwrap();
@@ -120,7 +127,15 @@ mod tests {
         let p = Protection::new(&real.join("alias/state"));
         assert_eq!(p.state_dir(), real.join("state"));
         p.add([real.join("alias/lib.so")]);
-        assert_eq!(p.paths(), [real.join("lib.so"), real.join("state")]);
+        // Where it leads, and as named (the link on the way is protected at both ends).
+        assert_eq!(
+            p.paths(),
+            [
+                real.join("alias/lib.so"),
+                real.join("lib.so"),
+                real.join("state")
+            ]
+        );
         assert!(Protection::new(Path::new("")).paths().is_empty());
     }
 }

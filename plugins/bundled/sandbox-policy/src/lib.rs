@@ -105,6 +105,8 @@ fn path_rules(key: &str, entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
             })?;
             out.push(path);
         } else if path.is_absolute() {
+            // As written and where it leads: the fence protects both ends of a link.
+            out.push(path.clone());
             out.push(dsh_sandbox::canonical_path(&path).unwrap_or(path));
         } else {
             return Err(Error::new(

@@ -258,6 +258,15 @@ impl Confinement {
                 if is_within(&canonical, root) {
                     keep(canonical, root);
                 }
+                // A protected link cannot be repointed: its directory stays read-only
+                // (unless that is the root itself, which then cannot be: README).
+                if path.symlink_metadata().is_ok_and(|m| m.is_symlink()) {
+                    if let Some(dir) = path.parent().filter(|d| *d != root.as_path()) {
+                        if is_within(dir, root) {
+                            keep(dir.to_path_buf(), root);
+                        }
+                    }
+                }
             }
             // Every repository beneath an operator's root, recorded or not (a vendored copy
             // becomes a submodule at the person's next `git add -A`): its `.git` is kept

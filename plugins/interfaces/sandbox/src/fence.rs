@@ -246,11 +246,24 @@ impl Fence {
             )),
             None => add(&temp, &mut roots),
         }
-        let mut protected: Vec<PathBuf> = policy.protected_paths.clone();
+        let mut protected: Vec<PathBuf> = policy
+            .protected_paths
+            .iter()
+            .flat_map(|p| {
+                if is_pattern(p) {
+                    vec![p.clone()]
+                } else {
+                    both_ends(p)
+                }
+            })
+            .collect();
         for root in &roots {
             fence
                 .optional
                 .extend(GIT_PROTECTED.iter().map(|p| root.join(p)));
+            for git in GIT_PROTECTED {
+                protected.extend(git_link_targets(&root.join(git)));
+            }
             // The `.git` of every submodule and linked worktree of the repository the root
             // is in, or is: kept from being created too, unless the submodule's directory
             // is missing as well (then its parent would be the one kept read-only).
@@ -288,6 +301,55 @@ impl Fence {
         }
         None
     }
+}
+
+/// Both ends of a protected path that runs through symbolic links: where it leads (its
+/// canonical path, as far as it exists) and every link on the way, each as the link's own
+/// path (its directory resolved). Protecting only the target leaves the link to be
+/// repointed; protecting only the link leaves the target writable through another name.
+pub fn both_ends(path: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut at = PathBuf::new();
+    let mut parts = path.components();
+    for part in parts.by_ref() {
+        at.push(part);
+        match at.symlink_metadata() {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                out.push(at.clone());
+                match at.canonicalize() {
+                    Ok(target) => at = target,
+                    // Dangling or looping: the link itself is what there is to protect,
+                    // with what it names beside it as written.
+                    Err(_) => break,
+                }
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    at.extend(parts);
+    if !out.contains(&at) {
+        out.push(at);
+    }
+    out
+}
+
+/// The targets of the symbolic links git follows inside the git directory `git_dir` (its
+/// entries and its `hooks/`'s, such as `hooks -> ../githooks`): protected like the git
+/// directory itself, or code could be written through them by another name.
+fn git_link_targets(git_dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in [git_dir.to_path_buf(), git_dir.join("hooks")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                out.push(crate::canonical_path(&entry.path()).unwrap_or_else(|_| entry.path()));
+            }
+        }
+    }
+    out
 }
 
 /// The work tree of the repository `root` lies in: the nearest of `root` and its
@@ -432,5 +494,40 @@ mod tests {
             .unwrap()
             .contains("cordis.yml"));
         assert_eq!(temp_dir_refusal(&home.join("ws"), &[]), None);
+    }
+
+    #[test]
+    fn a_link_is_protected_at_both_ends() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("real/conf")).unwrap();
+        std::os::unix::fs::symlink("real", root.join("link")).unwrap();
+        std::os::unix::fs::symlink(root.join("gone"), root.join("dangling")).unwrap();
+        assert_eq!(
+            both_ends(&root.join("link/conf/app.yml")),
+            [root.join("link"), root.join("real/conf/app.yml")]
+        );
+        assert_eq!(both_ends(&root.join("real/conf")), [root.join("real/conf")]);
+        assert_eq!(
+            both_ends(&root.join("dangling/x")),
+            [root.join("dangling"), root.join("dangling/x")]
+        );
+        // Inside a git directory, what its links lead to is protected too.
+        std::fs::create_dir_all(root.join("githooks")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::os::unix::fs::symlink("../githooks", root.join(".git/hooks")).unwrap();
+        let fence = Fence::of(&SandboxExecutionPolicy {
+            mode: crate::SandboxMode::WorkspaceWrite,
+            workspace_root: root.clone(),
+            protected_paths: vec![root.join("link/conf")],
+            ..Default::default()
+        });
+        for path in ["githooks/pre-commit", "real/conf/app.yml"] {
+            assert!(
+                fence.protected.covering(&root.join(path)).is_some(),
+                "{path}"
+            );
+        }
+        assert!(fence.protected.covering(&root.join("real/other")).is_none());
     }
 }
