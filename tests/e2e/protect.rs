@@ -44,6 +44,23 @@ fn call(s: &Scratch, env: &[(&str, &str)], tool: &str, args: Value) -> cordis_e2
     run(cmd, &format!("cordis call {tool} {args}"), s)
 }
 
+/// `cordis call TOOL ARGS` in `s` with the session rooted at `root`.
+fn call_at(s: &Scratch, root: &Path, tool: &str, args: Value) -> cordis_e2e::Run {
+    let mut cmd = s.cordis(&[
+        "call",
+        "--cwd",
+        &root.display().to_string(),
+        tool,
+        &args.to_string(),
+    ]);
+    cmd.env("RUST_LOG", "warn");
+    run(
+        cmd,
+        &format!("cordis call {tool} {args} in {}", root.display()),
+        s,
+    )
+}
+
 fn run(cmd: Command, what: &str, s: &Scratch) -> cordis_e2e::Run {
     s.run_command(cmd, what)
 }
@@ -217,17 +234,8 @@ fn no_git_code_path_of_the_root_is_writable() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let (repo_git, wt_git) = (git_dir_before(&repo.join(".git")), read(&wt.join(".git")));
-    let bash = |root: &Path, command: &str| {
-        let mut cmd = s.cordis(&[
-            "call",
-            "--cwd",
-            &root.display().to_string(),
-            "bash",
-            &json!({ "command": command }).to_string(),
-        ]);
-        cmd.env("RUST_LOG", "warn");
-        run(cmd, &format!("cordis call bash {command}"), &s)
-    };
+    let bash =
+        |root: &Path, command: &str| call_at(&s, &root, "bash", json!({ "command": command }));
     let attack = format!(
         "mkdir -p evil && printf '{config}' > evil/config; \
          echo \"$PWD/evil\" > .git/commondir; \
@@ -253,17 +261,14 @@ fn no_git_code_path_of_the_root_is_writable() {
         (repo.join("sub/.git"), "gitdir: ../evil-sub\n"),
     ] {
         let root = if path.starts_with(&wt) { &wt } else { &repo };
-        let mut write = s.cordis(&[
-            "call",
-            "--cwd",
-            &root.display().to_string(),
+        call_at(
+            &s,
+            &root,
             "write",
-            &json!({"path": path.display().to_string(), "content": content}).to_string(),
-        ]);
-        write.env("RUST_LOG", "warn");
-        run(write, &format!("cordis call write {}", path.display()), &s)
-            .expect_code(1)
-            .expect_output(&[&marker()]);
+            json!({"path": path.display().to_string(), "content": content}),
+        )
+        .expect_code(1)
+        .expect_output(&[&marker()]);
     }
     assert_eq!(git_dir_before(&repo.join(".git")), repo_git);
     assert!(read(&repo.join("sub/.git")).starts_with(b"gitdir: ../.git/modules/sub"));
@@ -324,15 +329,7 @@ fn a_repository_the_root_does_not_record_is_protected_too() {
          mv third t2; echo b > third/party/lib/b.txt; exit 0",
         proof = proof.display()
     );
-    let mut cmd = s.cordis(&[
-        "call",
-        "--cwd",
-        &repo.display().to_string(),
-        "bash",
-        &json!({ "command": attack }).to_string(),
-    ]);
-    cmd.env("RUST_LOG", "warn");
-    run(cmd, "cordis call bash (vendored repository)", &s)
+    call_at(&s, &repo, "bash", json!({ "command": attack }))
         .expect_code(0)
         .expect_output(&["Read-only file system", "Device or resource busy"]);
     for path in [
@@ -341,17 +338,14 @@ fn a_repository_the_root_does_not_record_is_protected_too() {
         repo.join("fresh/.git/config"),
         repo.join("third/.git"),
     ] {
-        let mut write = s.cordis(&[
-            "call",
-            "--cwd",
-            &repo.display().to_string(),
+        call_at(
+            &s,
+            &repo,
             "write",
-            &json!({"path": path.display().to_string(), "content": config}).to_string(),
-        ]);
-        write.env("RUST_LOG", "warn");
-        run(write, &format!("cordis call write {}", path.display()), &s)
-            .expect_code(1)
-            .expect_output(&[&marker(), "is a git directory"]);
+            json!({"path": path.display().to_string(), "content": config}),
+        )
+        .expect_code(1)
+        .expect_output(&[&marker(), "is a git directory"]);
     }
     assert_eq!(read(&vendored.join(".git/config")), config_before);
     assert!(!repo.join("fresh").exists() && !repo.join("third/.git").exists());
@@ -443,17 +437,7 @@ fn a_protected_link_is_protected_where_it_leads() {
         repo.join("links/deploy").display()
     ));
     let hook = format!("#!/bin/sh\ntouch {}\n", proof.display());
-    let bash = |command: &str| {
-        let mut cmd = s.cordis(&[
-            "call",
-            "--cwd",
-            &repo.display().to_string(),
-            "bash",
-            &json!({ "command": command }).to_string(),
-        ]);
-        cmd.env("RUST_LOG", "warn");
-        run(cmd, &format!("cordis call bash {command}"), &s)
-    };
+    let bash = |command: &str| call_at(&s, &repo, "bash", json!({ "command": command }));
     bash(&format!(
         "printf '{}' > githooks/pre-commit; chmod +x githooks/pre-commit; \
          echo evil > real/deploy/run.sh; rm links/deploy; ln -sfn /tmp links/deploy; \
@@ -467,17 +451,14 @@ fn a_protected_link_is_protected_where_it_leads() {
         repo.join("real/deploy/run.sh"),
         repo.join("links/deploy/run.sh"),
     ] {
-        let mut write = s.cordis(&[
-            "call",
-            "--cwd",
-            &repo.display().to_string(),
+        call_at(
+            &s,
+            &repo,
             "write",
-            &json!({"path": path.display().to_string(), "content": hook}).to_string(),
-        ]);
-        write.env("RUST_LOG", "warn");
-        run(write, &format!("cordis call write {}", path.display()), &s)
-            .expect_code(1)
-            .expect_output(&[&marker()]);
+            json!({"path": path.display().to_string(), "content": hook}),
+        )
+        .expect_code(1)
+        .expect_output(&[&marker()]);
     }
     assert!(!repo.join("githooks/pre-commit").exists());
     assert!(!repo.join("real/deploy/run.sh").exists());

@@ -1,8 +1,9 @@
 //! Benchmark of what confinement costs a whole command: `true` and a small script through
 //! `dsh-bash-sandbox` (workspace-write: namespaces, mount view, Landlock, seccomp), through
 //! the same with network on (no network namespace: what the namespace itself costs), and
-//! through the same without resource limits (no cgroup: what the limits cost), and
-//! through `dsh-bash-local` (the supervisor and the environment policy only), all loaded as
+//! through the same without resource limits (no cgroup: what the limits cost), through
+//! the same in a workspace of 3,000 directories (what the search for repositories beneath
+//! it costs each command, its listings cached), and through `dsh-bash-local` (the supervisor and the environment policy only), all loaded as
 //! real cdylibs through the host. Prints the sandboxed/local ratios and differences at the
 //! end, from criterion's estimates and from interleaved medians.
 //!
@@ -38,6 +39,17 @@ fn main() {
         workspace_root: ws.clone(),
         network: false,
         ..Default::default()
+    };
+    // A workspace of 3,000 directories (a checkout with a build directory has as many).
+    let big = sandboxed_scratch.path().join("big");
+    for i in 0..30 {
+        for j in 0..100 {
+            std::fs::create_dir_all(big.join(format!("d{i}/e{j}"))).expect("bench tree");
+        }
+    }
+    let in_big = SandboxExecutionPolicy {
+        workspace_root: big.clone(),
+        ..policy.clone()
     };
     let networked = SandboxExecutionPolicy {
         network: true,
@@ -106,6 +118,10 @@ fn main() {
         };
         let (confined, with_network) = (request(command), request_with(command, &networked));
         let without_limits = request_with(command, &unlimited);
+        let in_big_tree = ExecRequest {
+            cwd: big.clone(),
+            ..request_with(command, &in_big)
+        };
         let medians = interleaved_medians(
             INTERLEAVED_ROUNDS,
             &mut [
@@ -113,6 +129,7 @@ fn main() {
                 &mut || run(&sandboxed, &confined),
                 &mut || run(&sandboxed, &with_network),
                 &mut || run(&sandboxed, &without_limits),
+                &mut || run(&sandboxed, &in_big_tree),
             ],
         );
         print_ratio(
@@ -129,6 +146,11 @@ fn main() {
             &format!("{group_name}, what the limits cost"),
             ("no limits", medians[3]),
             ("limits", medians[1]),
+        );
+        print_ratio(
+            &format!("{group_name}, in 3,000 directories"),
+            ("empty workspace", medians[1]),
+            ("3,000 dirs", medians[4]),
         );
     }
 }
