@@ -235,7 +235,7 @@ fn no_git_code_path_of_the_root_is_writable() {
     };
     let (repo_git, wt_git) = (git_dir_before(&repo.join(".git")), read(&wt.join(".git")));
     let bash =
-        |root: &Path, command: &str| call_at(&s, &root, "bash", json!({ "command": command }));
+        |root: &Path, command: &str| call_at(&s, root, "bash", json!({ "command": command }));
     let attack = format!(
         "mkdir -p evil && printf '{config}' > evil/config; \
          echo \"$PWD/evil\" > .git/commondir; \
@@ -263,7 +263,7 @@ fn no_git_code_path_of_the_root_is_writable() {
         let root = if path.starts_with(&wt) { &wt } else { &repo };
         call_at(
             &s,
-            &root,
+            root,
             "write",
             json!({"path": path.display().to_string(), "content": content}),
         )
