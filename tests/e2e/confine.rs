@@ -576,7 +576,7 @@ fn without_user_namespaces_nothing_runs_and_the_error_says_how_to_fix_it() {
 /// arguments that succeed or fail otherwise without the filter): each answers `EPERM`,
 /// network on or off; a nested user namespace cannot be made; threads still start (libc
 /// falls back from `clone3`, which answers `ENOSYS`, to `clone`); `/proc/sys` is mounted
-/// read-only.
+/// read-only; `chattr` cannot set a file's attributes.
 #[test]
 fn the_dangerous_calls_are_refused_by_name() {
     let layout = Layout::new();
@@ -622,6 +622,7 @@ fn the_dangerous_calls_are_refused_by_name() {
             &confined.shell,
             request(
                 "python3 calls.py; unshare -U true || echo no-nested-userns; \
+                 touch attr; chattr +A attr || echo no-chattr; \
                  awk '$5 == \"/proc/sys\" && $6 ~ /^ro/ {print \"proc-sys-ro\"}' /proc/self/mountinfo",
                 &layout.ws,
                 Some(layout.policy(Ww, network)),
@@ -643,6 +644,7 @@ fn the_dangerous_calls_are_refused_by_name() {
             r.stdout.contains("no-nested-userns"),
             "network {network}: {r:#?}"
         );
+        assert!(r.stdout.contains("no-chattr"), "network {network}: {r:#?}");
     }
     // The control: the same script in `danger-full-access` (unconfined, no filter)
     // gets other answers for the calls that work unprivileged.

@@ -131,17 +131,82 @@ fn check_writable_root(root: &Path, whose: &str) -> Result<()> {
         home.filter(|h| h != root && is_within(h, root))
             .map(|h| format!("the home directory `{}`", h.display()))
     };
-    match swallows {
-        Some(what) => Err(Error::new(
+    if let Some(what) = swallows {
+        return Err(Error::new(
             codes::SANDBOX_BAD_ROOT,
             format!(
                 "{whose} `{}` cannot be a workspace-write root: it would make {what} writable",
                 root.display()
             ),
         )
-        .with_help("start the session in a project directory (or use `read-only`)")),
-        None => Ok(()),
+        .with_help("start the session in a project directory (or use `read-only`)"));
     }
+    if let Some(why) = case_folding(root) {
+        return Err(Error::new(
+            codes::SANDBOX_BAD_ROOT,
+            format!(
+                "{whose} `{}` cannot be a workspace-write root: {why}, so `.GIT/hooks` would be `.git/hooks`; the sandbox compares names exactly, and its protections would not hold there",
+                root.display()
+            ),
+        )
+        .with_help("work in a directory on a case-sensitive file system (or use `read-only`)"));
+    }
+    Ok(())
+}
+
+/// Why the file system compares names under `root` without case, if it does: by its kind,
+/// or by the directory's case-folding attribute (ext4 and f2fs `+F`).
+fn case_folding(root: &Path) -> Option<&'static str> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid C string and a zeroed out-structure of the right type.
+    let fs_type = unsafe {
+        let mut buf: libc::statfs = std::mem::zeroed();
+        (libc::statfs(path.as_ptr(), &mut buf) == 0).then_some(buf.f_type as i64)
+    };
+    let flags = std::fs::File::open(root).ok().and_then(|dir| {
+        let mut flags: libc::c_long = 0;
+        // SAFETY: FS_IOC_GETFLAGS writes one long through the pointer.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&dir),
+                libc::FS_IOC_GETFLAGS,
+                &mut flags,
+            )
+        };
+        (r == 0).then_some(flags as u64)
+    });
+    folds_case(fs_type, flags)
+}
+
+/// The seam of [`case_folding`]: from a `statfs` type and the directory's inode flags.
+fn folds_case(fs_type: Option<i64>, flags: Option<u64>) -> Option<&'static str> {
+    /// `FS_CASEFOLD_FL`.
+    const CASEFOLD: u64 = 0x4000_0000;
+    const FOLDING: [(i64, &str); 7] = [
+        (0x4d44, "it is on a FAT file system, which ignores case"),
+        (
+            0x2011_bab0,
+            "it is on an exFAT file system, which ignores case",
+        ),
+        (
+            0x5346_544e,
+            "it is on an NTFS file system, which ignores case",
+        ),
+        (
+            0x7366_746e,
+            "it is on an NTFS file system, which ignores case",
+        ),
+        (0x482b, "it is on an HFS+ file system, which ignores case"),
+        (0xff53_4d42, "it is on an SMB share, which ignores case"),
+        (0xfe53_4d42, "it is on an SMB share, which ignores case"),
+    ];
+    if let Some((_, why)) = fs_type.and_then(|t| FOLDING.iter().find(|(k, _)| *k == t)) {
+        return Some(why);
+    }
+    flags
+        .filter(|f| f & CASEFOLD != 0)
+        .map(|_| "its directory is case-insensitive (the `+F` attribute)")
 }
 
 /// Parses `mode`, naming the key and the allowed values when the spelling is wrong.
@@ -494,3 +559,23 @@ impl Plugin for SandboxPolicyPlugin {
 }
 
 cordis_sdk::export_plugin!(SandboxPolicyPlugin);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roots_that_fold_case_are_recognised() {
+        // ext4 (0xef53) without and with `+F`; FAT; exFAT; nothing known.
+        assert_eq!(folds_case(Some(0xef53), Some(0x80000)), None);
+        assert!(
+            folds_case(Some(0xef53), Some(0x4000_0000 | 0x80000)).is_some_and(|w| w.contains("+F"))
+        );
+        assert!(folds_case(Some(0x4d44), None).is_some_and(|w| w.contains("FAT")));
+        assert!(folds_case(Some(0x2011_bab0), None).is_some_and(|w| w.contains("exFAT")));
+        assert_eq!(folds_case(None, None), None);
+        // This machine's own temp directory is case-sensitive: the real call agrees.
+        let tmp = std::env::temp_dir().canonicalize().unwrap();
+        assert_eq!(case_folding(&tmp), None);
+    }
+}
