@@ -367,7 +367,7 @@ impl Confinement {
                 network: policy.network,
                 landlock,
                 shm_access: rights_for(Path::new("/"), AccessFs::from_write(PINNED_ABI)).bits(),
-                seccomp: crate::syscalls::seccomp_filter(policy)
+                seccomp: crate::syscalls::seccomp_filter(crate::syscalls::Setting::of(policy))
                     .map_err(|reason| ConfineError::Seccomp { reason })?,
             },
             limits,

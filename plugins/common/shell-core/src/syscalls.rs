@@ -196,11 +196,51 @@ pub(crate) const REFUSED_LEGACY: &[Refusal] = &[
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) const REFUSED_LEGACY: &[Refusal] = &[];
 
-/// Whether `row` applies to a command under `policy`.
-fn applies(row: &Refusal, policy: &SandboxExecutionPolicy) -> bool {
+/// What decides which rows apply to one command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Setting {
+    /// Whether the command may create unix sockets.
+    pub unix_sockets: bool,
+}
+
+impl Setting {
+    /// The setting of a command under `policy` on this kernel.
+    pub fn of(policy: &SandboxExecutionPolicy) -> Setting {
+        Setting::with_scoping(policy, landlock_abi() >= 6)
+    }
+
+    /// [`Setting::of`] on a kernel that has Landlock's abstract-socket scoping or not:
+    /// without it an allowed `AF_UNIX` socket would reach every abstract socket of the
+    /// host (seccomp cannot tell an abstract address from a path), so unix sockets stay
+    /// closed whatever the policy says.
+    pub fn with_scoping(policy: &SandboxExecutionPolicy, scoping: bool) -> Setting {
+        Setting {
+            unix_sockets: policy.network && policy.allow_unix_sockets && scoping,
+        }
+    }
+}
+
+/// The Landlock ABI version of this kernel (0 without Landlock).
+fn landlock_abi() -> i64 {
+    /// `LANDLOCK_CREATE_RULESET_VERSION`.
+    const VERSION: libc::c_uint = 1;
+    // SAFETY: with this flag the call only reports the version; no pointer is read.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            VERSION,
+        )
+    };
+    abi.max(0)
+}
+
+/// Whether `row` applies to a command with `setting`.
+fn applies(row: &Refusal, setting: Setting) -> bool {
     match row.when {
         When::Always => true,
-        When::UnixSocketsClosed => !(policy.network && policy.allow_unix_sockets),
+        When::UnixSocketsClosed => !setting.unix_sockets,
     }
 }
 
@@ -216,18 +256,16 @@ const AUDIT_ARCH: u32 = 0;
 /// architecture has it).
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
-/// The seccomp program of a command under `policy`: [`REFUSED`] (and [`REFUSED_LEGACY`])
+/// The seccomp program of a command with `setting`: [`REFUSED`] (and [`REFUSED_LEGACY`])
 /// refused with `EPERM`, everything else allowed; before them, `clone3` answers `ENOSYS`
 /// and every x32 number `EPERM`. `Err` says why it cannot be built for this
 /// architecture.
-pub(crate) fn seccomp_filter(
-    policy: &SandboxExecutionPolicy,
-) -> Result<Vec<libc::sock_filter>, String> {
+pub(crate) fn seccomp_filter(setting: Setting) -> Result<Vec<libc::sock_filter>, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| err(&e))?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for row in REFUSED.iter().chain(REFUSED_LEGACY) {
-        if !applies(row, policy) {
+        if !applies(row, setting) {
             continue;
         }
         let alternatives = rules.entry(row.call).or_default();
@@ -345,12 +383,15 @@ mod tests {
     const EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
     const ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
 
-    fn policy(network: bool, allow_unix_sockets: bool) -> SandboxExecutionPolicy {
-        SandboxExecutionPolicy {
-            network,
-            allow_unix_sockets,
-            ..Default::default()
-        }
+    fn policy(network: bool, allow_unix_sockets: bool) -> Setting {
+        Setting::with_scoping(
+            &SandboxExecutionPolicy {
+                network,
+                allow_unix_sockets,
+                ..Default::default()
+            },
+            true,
+        )
     }
 
     /// The arguments that make `row` match (or, with `matching` false, not match).
@@ -370,9 +411,9 @@ mod tests {
     fn every_row_is_refused_when_it_applies_and_only_then() {
         for (network, unix) in [(false, false), (false, true), (true, false), (true, true)] {
             let p = policy(network, unix);
-            let program = seccomp_filter(&p).unwrap();
+            let program = seccomp_filter(p).unwrap();
             for row in REFUSED.iter().chain(REFUSED_LEGACY) {
-                let expected = if applies(row, &p) { EPERM } else { ALLOW };
+                let expected = if applies(row, p) { EPERM } else { ALLOW };
                 let got = verdict(&program, row.call as u32, AUDIT_ARCH, args_for(row, true));
                 assert_eq!(
                     got, expected,
@@ -383,7 +424,7 @@ mod tests {
                     let other = args_for(row, false);
                     let refused_otherwise = REFUSED.iter().chain(REFUSED_LEGACY).any(|r| {
                         r.call == row.call
-                            && applies(r, &p)
+                            && applies(r, p)
                             && r.only
                                 .is_some_and(|(a, m, v)| other[usize::from(a)] & m == v)
                     });
@@ -448,7 +489,7 @@ mod tests {
             (true, false, EPERM),
             (true, true, ALLOW),
         ] {
-            let program = seccomp_filter(&policy(network, allow)).unwrap();
+            let program = seccomp_filter(policy(network, allow)).unwrap();
             assert_eq!(verdict(&program, socket, AUDIT_ARCH, unix), unix_verdict);
             assert_eq!(verdict(&program, socket, AUDIT_ARCH, inet), ALLOW);
             assert_eq!(verdict(&program, socket, AUDIT_ARCH, raw), EPERM);
@@ -456,9 +497,24 @@ mod tests {
         }
     }
 
+    /// Without Landlock's abstract-socket scoping, `allowUnixSockets` opens nothing.
+    #[test]
+    fn unix_sockets_stay_closed_without_abstract_socket_scoping() {
+        let open = SandboxExecutionPolicy {
+            network: true,
+            allow_unix_sockets: true,
+            ..Default::default()
+        };
+        assert!(Setting::with_scoping(&open, true).unix_sockets);
+        assert!(!Setting::with_scoping(&open, false).unix_sockets);
+        // This kernel has scoping (Landlock ABI 6 or newer): the option holds here.
+        assert!(landlock_abi() >= 6, "Landlock ABI {}", landlock_abi());
+        assert!(Setting::of(&open).unix_sockets);
+    }
+
     #[test]
     fn clone3_answers_enosys_and_x32_numbers_are_refused() {
-        let program = seccomp_filter(&policy(false, false)).unwrap();
+        let program = seccomp_filter(policy(false, false)).unwrap();
         assert_eq!(
             verdict(&program, libc::SYS_clone3 as u32, AUDIT_ARCH, [0; 6]),
             ENOSYS
