@@ -248,23 +248,42 @@ impl Confinement {
             for path in expand(&fence.protected, root)? {
                 // A symlink is protected where it leads; outside the root it is read-only. A
                 // git directory's dangling link protects nothing (there is no repository).
-                let canonical = match path.canonicalize() {
-                    Ok(canonical) => canonical,
+                let is_link = path.symlink_metadata().is_ok_and(|m| m.is_symlink());
+                let link_dir = path
+                    .parent()
+                    .filter(|d| *d != root.as_path() && is_within(d, root));
+                match path.canonicalize() {
+                    Ok(canonical) => {
+                        if is_within(&canonical, root) {
+                            keep(canonical, root);
+                        }
+                    }
                     Err(e) if dsh_sandbox::fence::absent(&e) && fence.optional.contains(&path) => {
                         continue
                     }
+                    // A dangling link, not directly in the root: pinned (below), and what it
+                    // names cannot be created either.
+                    Err(e) if dsh_sandbox::fence::absent(&e) && is_link && link_dir.is_some() => {
+                        let named = std::fs::read_link(&path)
+                            .ok()
+                            .and_then(|t| path.parent().map(|d| d.join(t)))
+                            .and_then(|t| dsh_sandbox::canonical_path(&t).ok());
+                        let Some(named) = named else {
+                            return Err(ConfineError::Unverifiable { path, source: e });
+                        };
+                        if is_within(&named, root) {
+                            if let Some(ancestor) = creatable(&named, root)? {
+                                keep(ancestor, root);
+                            }
+                        }
+                    }
                     Err(source) => return Err(ConfineError::Unverifiable { path, source }),
-                };
-                if is_within(&canonical, root) {
-                    keep(canonical, root);
                 }
                 // A protected link cannot be repointed: its directory stays read-only
                 // (unless that is the root itself, which then cannot be: README).
-                if path.symlink_metadata().is_ok_and(|m| m.is_symlink()) {
-                    if let Some(dir) = path.parent().filter(|d| *d != root.as_path()) {
-                        if is_within(dir, root) {
-                            keep(dir.to_path_buf(), root);
-                        }
+                if is_link {
+                    if let Some(dir) = link_dir {
+                        keep(dir.to_path_buf(), root);
                     }
                 }
             }
@@ -642,10 +661,30 @@ mod tests {
         assert!(prepare(vec![]).is_ok());
         std::os::unix::fs::symlink(ws.join("gone"), ws.join(".git")).unwrap();
         assert!(prepare(vec![]).is_ok());
-        // Any other protected path whose link leads nowhere cannot be checked: refused.
-        std::os::unix::fs::symlink(ws.join("gone"), ws.join("lib/link")).unwrap();
-        let Err(e) = prepare(vec![ws.join("lib/link")]) else {
-            panic!("a dangling protected link must refuse the command");
+        // Any other protected link that leads nowhere is pinned: it cannot be repointed,
+        // and what it names cannot be made. Directly in the root it cannot be pinned, and
+        // the command is refused.
+        std::os::unix::fs::symlink(ws.join("lib/gone"), ws.join("lib/link")).unwrap();
+        let req = request(
+            "ln -sfn /tmp lib/link; mkdir lib/gone; echo ok > free.txt",
+            &ws,
+        );
+        let r = run(
+            &req,
+            prepare(vec![ws.join("lib/link")]).unwrap(),
+            &crate::EnvPolicy::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_link(ws.join("lib/link")).unwrap(),
+            ws.join("lib/gone"),
+            "{r:?}"
+        );
+        assert!(!ws.join("lib/gone").exists(), "{r:?}");
+        assert!(r.stderr.contains("Read-only file system"), "{r:?}");
+        std::os::unix::fs::symlink(ws.join("gone"), ws.join("top-link")).unwrap();
+        let Err(e) = prepare(vec![ws.join("top-link")]) else {
+            panic!("a dangling protected link directly in the root must refuse the command");
         };
         assert!(matches!(e, ConfineError::Unverifiable { .. }), "{e}");
         std::fs::remove_dir_all(&ws).unwrap();
