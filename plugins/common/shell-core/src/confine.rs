@@ -239,7 +239,20 @@ impl Confinement {
             .filter_map(|r| r.canonicalize().ok())
             .collect();
         let mut protected: Vec<PathBuf> = Vec::new();
+        // A root inside another (`TMPDIR` or a `writableRoots` entry below the workspace or
+        // `/tmp`) is itself a mount; the directories between them are pinned too, so no
+        // command can move it away and put a link to elsewhere in its place for the next
+        // call, which resolves the root by its path again.
         let mut pinned: Vec<PathBuf> = Vec::new();
+        for inner in &writable {
+            if let Some(outer) = writable
+                .iter()
+                .filter(|o| *o != inner && is_within(inner, o))
+                .max_by_key(|o| o.components().count())
+            {
+                pinned.extend(directories_between(inner, outer));
+            }
+        }
         let mut keep = |path: PathBuf, root: &Path| {
             pinned.extend(directories_between(&path, root));
             protected.push(path);
@@ -728,6 +741,38 @@ mod tests {
         let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
         assert!(r.stderr.contains("Read-only file system"), "{r:?}");
         assert!(!ws.join("inside.txt").exists());
+        std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    /// A writable root inside another cannot be moved away (and a link put in its place
+    /// for the next call, which resolves it by path): it and the directories above it up
+    /// to the outer root are mounts.
+    #[test]
+    fn a_root_inside_another_cannot_be_moved_away() {
+        let ws = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../target/shell-core-nested-test");
+        let _ = std::fs::remove_dir_all(&ws);
+        std::fs::create_dir_all(ws.join("a/b/inner")).unwrap();
+        let ws = ws.canonicalize().unwrap();
+        let confinement = Confinement::prepare(&SandboxExecutionPolicy {
+            writable_roots: vec![ws.join("a/b/inner")],
+            ..policy(SandboxMode::WorkspaceWrite, &ws)
+        })
+        .unwrap();
+        let req = request(
+            "mv a a2; mv a/b a/b2; mv a/b/inner a/b/i2; echo ok > a/b/inner/f; echo ok > free",
+            &ws,
+        );
+        let r = run(&req, confinement, &crate::EnvPolicy::default()).unwrap();
+        assert_eq!(
+            r.stderr.matches("Device or resource busy").count(),
+            3,
+            "{r:?}"
+        );
+        assert!(
+            ws.join("a/b/inner/f").is_file() && ws.join("free").is_file(),
+            "{r:?}"
+        );
         std::fs::remove_dir_all(&ws).unwrap();
     }
 
