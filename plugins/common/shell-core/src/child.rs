@@ -827,46 +827,30 @@ unsafe fn loopback_up(report: RawFd) {
 /// the shell.
 unsafe fn init(spec: &SandboxSpec, report: RawFd, status_out: RawFd) -> std::io::Result<()> {
     libc::prctl(libc::PR_SET_NAME, c"dsh-init".as_ptr(), 0, 0, 0);
-    check(
-        report,
-        Stage::Proc,
-        libc::mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+    // A fresh `/proc`; then `/proc/sys` read-only, beside Landlock: the command's own
+    // namespaces' settings (its network namespace's, as their owner) stay unchangeable too.
+    let hardened = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    let mounts: [(Option<&CStr>, &CStr, Option<&CStr>, libc::c_ulong); 3] = [
+        (Some(c"proc"), c"/proc", Some(c"proc"), hardened),
+        (Some(c"/proc/sys"), c"/proc/sys", None, libc::MS_BIND),
+        (
+            None,
+            c"/proc/sys",
+            None,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | hardened,
+        ),
+    ];
+    let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+    for (source, target, fstype, flags) in mounts {
+        let r = libc::mount(
+            ptr(source),
+            target.as_ptr(),
+            ptr(fstype),
+            flags,
             std::ptr::null(),
-        ) as _,
-    );
-    // `/proc/sys` read-only, beside Landlock: the command's own namespaces' settings (its
-    // network namespace's, as their owner) stay unchangeable too.
-    check(
-        report,
-        Stage::Proc,
-        libc::mount(
-            c"/proc/sys".as_ptr(),
-            c"/proc/sys".as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND,
-            std::ptr::null(),
-        ) as _,
-    );
-    check(
-        report,
-        Stage::Proc,
-        libc::mount(
-            std::ptr::null(),
-            c"/proc/sys".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REMOUNT
-                | libc::MS_BIND
-                | libc::MS_RDONLY
-                | libc::MS_NOSUID
-                | libc::MS_NODEV
-                | libc::MS_NOEXEC,
-            std::ptr::null(),
-        ) as _,
-    );
+        );
+        check(report, Stage::Proc, r as _);
+    }
     let shell = libc::fork();
     check(report, Stage::Fork, shell as _);
     if shell == 0 {
