@@ -9,7 +9,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
-use cordis_engine::diag::Diagnostics;
+use cordis_engine::diag::{hostile, Diagnostics};
 use cordis_engine::loader::SearchPath;
 use cordis_engine::manifest::{self, Manifest};
 use cordis_engine::plan::{self, PlanOptions};
@@ -51,13 +51,13 @@ fn render_all(diags: &Diagnostics) {
         }
         let text = d.render(&diags.file, diags.source.as_deref());
         assert!(text.starts_with(&format!("error[{}]: ", d.code)), "{text}");
-        // Control characters (a hostile key, say) never reach a terminal: they are shown
-        // as symbols, so the message appears verbatim only when it has none.
+        // Control and invisible characters (a hostile key, say) never reach a terminal:
+        // they are shown as symbols, so the message appears verbatim only when it has none.
         assert!(
             !text.chars().any(|c| c.is_control() && c != '\n'),
             "a control character reached the rendering: {text:?}"
         );
-        if !d.message.chars().any(char::is_control) {
+        if !d.message.chars().any(|c| c.is_control() || hostile(c)) {
             assert!(text.contains(&d.message), "{text}");
         }
     }
