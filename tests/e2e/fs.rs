@@ -1016,7 +1016,7 @@ fn the_fence_agrees_with_writable_roots() {
         network: false,
         ..Default::default()
     };
-    let roots = writable_roots(&p);
+    let roots = writable_roots(&p).expect("the workspace is a root");
     assert_eq!(roots[0], ws);
     let name = format!("cordis-parity-{}.txt", unique());
     let mut candidates: Vec<PathBuf> = roots.iter().map(|r| r.join(&name)).collect();

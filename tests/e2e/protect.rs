@@ -7,8 +7,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use cordis_e2e::{bundled_manifest, library, McpStdio, Outside, Scratch};
+use cordis_e2e::{bundled_manifest, library, McpStdio, Outside, Scratch, Swapper};
 use dsh_sandbox::{denial_marker, SandboxMode};
 use serde_json::{json, Value};
 
@@ -615,6 +616,102 @@ fn a_session_root_swapped_for_a_symlink_fails_closed() {
         .expect_code(1)
         .expect_output(&["another directory is there now"]);
     assert_eq!(outside.victim_text(), cordis_e2e::VICTIM);
+}
+
+/// Any session may rename what lies in `/tmp`, another session's root included. One
+/// keeps exchanging this session's root with a link to a directory outside every root
+/// (`RENAME_EXCHANGE`: the root never goes missing, it is the directory or the link),
+/// while this session calls `write` and `bash` beneath it: each call lands in the root or
+/// is refused, and nothing lands outside. The race runs until every tool has seen both
+/// outcomes many times (a deadline only turns a starved race into a failure).
+#[test]
+fn a_session_root_exchanged_for_a_link_in_a_loop_never_leads_outside() {
+    let s = Scratch::with_bundled_manifest();
+    let project = s.path().join("project");
+    std::fs::create_dir_all(&project).expect("project");
+    let outside = Outside::new("protect-exchange");
+    let link = s.path().join("project-link");
+    std::os::unix::fs::symlink(&outside.dir, &link).expect("link");
+    let started = s.start();
+    let session = started.session(&project);
+    let before = outside.snapshot();
+    let calls = [
+        (
+            "write",
+            json!({"path": project.join("w.txt").display().to_string(), "content": "x"}),
+        ),
+        (
+            "bash",
+            json!({"command": format!("echo x > {}/b.txt", project.display())}),
+        ),
+    ];
+    // Each outcome, by which defence refused it; anything else is a defect.
+    let outcome = |r: &cordis_sdk::ToolResult| match () {
+        _ if !r.is_error => "done",
+        _ if r
+            .text
+            .contains("no longer names the directory the session was created in") =>
+        {
+            "refused by the policy owner"
+        }
+        _ if r
+            .text
+            .contains("no longer names the directory that was checked") =>
+        {
+            "refused where the root is used"
+        }
+        _ if r.text.contains("still the directory the policy checked") => {
+            "refused by the command's process"
+        }
+        _ if r.text.contains("outside the writable roots") => "refused by the containment check",
+        // The command ran on the root it was given; the path led elsewhere by then.
+        _ if r.text.contains("Read-only file system") || r.text.contains("Permission denied") => {
+            "refused by the kernel"
+        }
+        _ => "other",
+    };
+    const EACH: u32 = 20;
+    type Tally<'a> = std::collections::BTreeMap<(&'a str, &'static str), (u32, String)>;
+    let mut tally = Tally::new();
+    let exercised = |tally: &Tally| {
+        calls.iter().all(|(tool, _)| {
+            let seen = |done: bool| {
+                tally
+                    .iter()
+                    .filter(|((t, o), _)| t == tool && (*o == "done") == done)
+                    .map(|(_, (n, _))| n)
+                    .sum::<u32>()
+                    >= EACH
+            };
+            seen(true) && seen(false)
+        })
+    };
+    let swapper = Swapper::start(&project, &link);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut rounds = 0;
+    while !exercised(&tally) && Instant::now() < deadline {
+        rounds += 1;
+        for (tool, args) in &calls {
+            let r = started.call_tool(&session, tool, args.clone());
+            let entry = tally.entry((*tool, outcome(&r))).or_insert((0, r.text));
+            entry.0 += 1;
+        }
+    }
+    let swaps = swapper.stop();
+    eprintln!("race: {rounds} rounds, {swaps} exchanges: {tally:#?}");
+    assert_eq!(
+        outside.snapshot(),
+        before,
+        "a call beneath the session root wrote outside it: {tally:#?}"
+    );
+    assert!(
+        !tally.keys().any(|(_, o)| *o == "other"),
+        "a call failed for another reason: {tally:#?}"
+    );
+    assert!(
+        exercised(&tally),
+        "the race was not exercised within the deadline ({rounds} rounds, {swaps} exchanges): {tally:#?}"
+    );
 }
 
 #[test]

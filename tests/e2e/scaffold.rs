@@ -267,12 +267,32 @@ fn under_dev_no_session_can_change_what_is_rebuilt_into_the_host() {
         let file = cordis_e2e::library(name);
         std::fs::copy(&file, lib.join(file.file_name().expect("a file name"))).expect("copy");
     }
+    // A path dependency beside the crate (in `/tmp`, where every session may write):
+    // cargo builds it into the library too.
+    let shared = plugin.scratch.path().join("shared");
+    std::fs::create_dir_all(shared.join("src")).expect("shared crate");
+    std::fs::write(
+        shared.join("Cargo.toml"),
+        "[package]\nname = \"shared\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    )
+    .expect("shared manifest");
+    std::fs::write(shared.join("src/lib.rs"), "pub fn shared() {}\n").expect("shared source");
+    let (source, cargo_toml) = (plugin.dir.join("src/lib.rs"), plugin.dir.join("Cargo.toml"));
+    let with_dependency = std::fs::read_to_string(&cargo_toml)
+        .expect("Cargo.toml")
+        .replacen(
+            "[dependencies]\n",
+            "[dependencies]\nshared = { path = \"../shared\" }\n",
+            1,
+        );
+    assert!(with_dependency.contains("../shared"), "{with_dependency}");
+    std::fs::write(&cargo_toml, with_dependency).expect("add the path dependency");
     let log_path = plugin.scratch.path().join("run.log");
     let _show = ShowLog(log_path.clone());
-    let (source, cargo_toml) = (plugin.dir.join("src/lib.rs"), plugin.dir.join("Cargo.toml"));
     let before = [
         std::fs::read(&source).expect("source"),
         std::fs::read(&cargo_toml).expect("Cargo.toml"),
+        std::fs::read(shared.join("src/lib.rs")).expect("shared source"),
     ];
     with_build_lock(|| {
         let _ = std::fs::remove_file(&plugin.library);
@@ -298,6 +318,7 @@ fn under_dev_no_session_can_change_what_is_rebuilt_into_the_host() {
         let attack = "sed -i 's/hello/pwned/' src/lib.rs; \
                       printf '[package.metadata.x]\\n' >> Cargo.toml; \
                       printf 'fn main() {}\\n' > build.rs; \
+                      printf 'pub fn pwned() {}\\n' >> ../shared/src/lib.rs; \
                       mv src src2; exit 0";
         let (_, out) = mcp.call("bash", json!({ "command": attack }));
         assert!(
@@ -345,6 +366,11 @@ fn under_dev_no_session_can_change_what_is_rebuilt_into_the_host() {
     });
     assert_eq!(std::fs::read(&source).expect("source"), before[0]);
     assert_eq!(std::fs::read(&cargo_toml).expect("Cargo.toml"), before[1]);
+    assert_eq!(
+        std::fs::read(shared.join("src/lib.rs")).expect("shared source"),
+        before[2],
+        "the path dependency is protected like the crate"
+    );
     assert!(!plugin.dir.join("build.rs").exists() && plugin.dir.join("src").is_dir());
 }
 

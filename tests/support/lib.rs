@@ -792,6 +792,7 @@ impl Outside {
             ..Default::default()
         };
         let temp_roots: Vec<PathBuf> = dsh_sandbox::writable_roots(&probe)
+            .expect("`/` is a root")
             .into_iter()
             .skip(1)
             .collect();
@@ -848,6 +849,93 @@ impl Drop for Outside {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A thread that keeps exchanging two paths (`renameat2` with `RENAME_EXCHANGE`: each
+/// always names something, never nothing) until stopped, as a hostile command elsewhere
+/// would; stopping leaves them as they were.
+pub struct Swapper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    swaps: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Swapper {
+    /// Starts exchanging `a` and `b`.
+    pub fn start(a: &Path, b: &Path) -> Swapper {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swaps = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let thread = {
+            let (a, b, stop, swaps) = (
+                a.to_path_buf(),
+                b.to_path_buf(),
+                stop.clone(),
+                swaps.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) || swaps.load(Relaxed) % 2 == 1 {
+                    exchange(&a, &b);
+                    swaps.fetch_add(1, Relaxed);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        Swapper {
+            stop,
+            swaps,
+            thread: Some(thread),
+        }
+    }
+
+    /// The exchanges so far.
+    pub fn swaps(&self) -> u64 {
+        self.swaps.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops (after an even number of exchanges) and returns how many there were.
+    pub fn stop(mut self) -> u64 {
+        self.halt();
+        self.swaps()
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("swapper thread");
+        }
+    }
+}
+
+impl Drop for Swapper {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// Exchanges `a` and `b` atomically (`renameat2` `RENAME_EXCHANGE`).
+pub fn exchange(a: &Path, b: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL");
+    let (ca, cb) = (c(a), c(b));
+    // SAFETY: two valid C strings; the call has no other effect on memory.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "exchange {} and {} (renameat2 RENAME_EXCHANGE): {}",
+        a.display(),
+        b.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 /// A confined `bash` call (`dsh-bash-sandbox` in workspace-write rooted at `ws`) whose

@@ -48,6 +48,15 @@ pub(crate) struct Package {
     pub(crate) name: String,
     pub(crate) manifest_path: PathBuf,
     pub(crate) targets: Vec<Target>,
+    #[serde(default)]
+    pub(crate) dependencies: Vec<Dependency>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Dependency {
+    /// The package directory of a path dependency.
+    #[serde(default)]
+    pub(crate) path: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -128,6 +137,10 @@ struct Project {
     target_dir: PathBuf,
     /// The directories of its members (watched recursively).
     member_dirs: Vec<PathBuf>,
+    /// The package directories of its members' path dependencies outside them, at any
+    /// depth: cargo compiles their sources and runs their build scripts into the library
+    /// too (watched recursively like the members).
+    path_deps: Vec<PathBuf>,
     /// The configuration files cargo and rustup read for a build here that existed when
     /// `--dev` started (protected), and those that did not (a build is refused once one
     /// appears).
@@ -140,7 +153,7 @@ impl Project {
     /// The package directories whose sources `--dev` rebuilds into the host, and the
     /// target directory.
     fn trusted_paths(&self) -> Vec<PathBuf> {
-        let mut paths = self.member_dirs.clone();
+        let mut paths: Vec<PathBuf> = self.source_dirs().cloned().collect();
         paths.push(self.target_dir.clone());
         paths.push(self.manifest.clone());
         if let Some(root) = self.manifest.parent() {
@@ -156,6 +169,12 @@ impl Project {
         paths.sort();
         paths.dedup();
         paths
+    }
+
+    /// Where the sources built into its libraries are: the members' directories and their
+    /// path dependencies'.
+    fn source_dirs(&self) -> impl Iterator<Item = &PathBuf> {
+        self.member_dirs.iter().chain(&self.path_deps)
     }
 
     /// The configuration files that did not exist when `--dev` started and do now.
@@ -189,6 +208,11 @@ impl Project {
         let (present, absent): (Vec<PathBuf>, Vec<PathBuf>) = build_configs(&meta.workspace_root)
             .into_iter()
             .partition(|p| p.symlink_metadata().is_ok());
+        let member_dirs: Vec<PathBuf> = members
+            .iter()
+            .filter_map(|p| p.manifest_path.parent().map(Path::to_path_buf))
+            .collect();
+        let path_deps = path_dependencies(&members, &member_dirs)?;
         Ok(Project {
             configs: (present, absent),
             manifest: meta.workspace_root.join("Cargo.toml"),
@@ -196,10 +220,8 @@ impl Project {
                 .target_directory
                 .canonicalize()
                 .unwrap_or(meta.target_directory),
-            member_dirs: members
-                .iter()
-                .filter_map(|p| p.manifest_path.parent().map(Path::to_path_buf))
-                .collect(),
+            member_dirs,
+            path_deps,
             plugins: members
                 .iter()
                 .flat_map(|p| {
@@ -249,11 +271,7 @@ impl Project {
         if path.starts_with(&self.target_dir) {
             return false;
         }
-        let Some(inside) = self
-            .member_dirs
-            .iter()
-            .find_map(|d| path.strip_prefix(d).ok())
-        else {
+        let Some(inside) = self.source_dirs().find_map(|d| path.strip_prefix(d).ok()) else {
             return false;
         };
         let hidden = inside
@@ -334,6 +352,38 @@ impl Project {
         }
         ok
     }
+}
+
+/// The package directories of the path dependencies of `members` (whose directories are
+/// `member_dirs`) that lie outside every member, following each one's own path
+/// dependencies in turn (`cargo metadata` of its package).
+fn path_dependencies(
+    members: &[&Package],
+    member_dirs: &[PathBuf],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let outside = |dir: &PathBuf| !member_dirs.iter().any(|m| dir.starts_with(m));
+    let mut queue: Vec<PathBuf> = members
+        .iter()
+        .flat_map(|p| p.dependencies.iter().filter_map(|d| d.path.clone()))
+        .collect();
+    let mut found: BTreeSet<PathBuf> = BTreeSet::new();
+    while let Some(dir) = queue.pop() {
+        let dir = dir.canonicalize().unwrap_or(dir);
+        if !outside(&dir) || !found.insert(dir.clone()) {
+            continue;
+        }
+        let meta = cargo_metadata(&dir)?;
+        let manifest = dir.join("Cargo.toml");
+        if let Some(package) = meta.packages.iter().find(|p| {
+            p.manifest_path
+                .canonicalize()
+                .unwrap_or_else(|_| p.manifest_path.clone())
+                == manifest
+        }) {
+            queue.extend(package.dependencies.iter().filter_map(|d| d.path.clone()));
+        }
+    }
+    Ok(found.into_iter().collect())
 }
 
 /// The configuration files cargo (`.cargo/config.toml`, `.cargo/config`) and rustup
@@ -534,7 +584,7 @@ pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow:
     }
     let (tx, rx) = channel::<Vec<PathBuf>>();
     let mut watcher = change_watcher(tx)?;
-    for dir in projects.0.iter().flat_map(|p| &p.member_dirs) {
+    for dir in projects.0.iter().flat_map(|p| p.source_dirs()) {
         watcher
             .watch(dir, RecursiveMode::Recursive)
             .with_context(|| format!("cannot watch {}", dir.display()))?;
@@ -611,6 +661,7 @@ mod tests {
             manifest: root.join("Cargo.toml"),
             target_dir: root.join("target"),
             member_dirs: vec![root.join("plugins/a"), root.join("plugins/b")],
+            path_deps: vec![root.join("../shared")],
             configs: (Vec::new(), Vec::new()),
             plugins: vec![
                 Member {
@@ -648,6 +699,7 @@ mod tests {
         let trusted = p.trusted_paths();
         for path in [
             tmp.path().join(".cargo"),
+            root.join("../shared"),
             root.join("Cargo.toml"),
             root.join("Cargo.lock"),
             root.join("target"),
@@ -659,6 +711,42 @@ mod tests {
         std::fs::write(root.join("rust-toolchain.toml"), "").unwrap();
         assert_eq!(p.appeared_configs(), [&root.join("rust-toolchain.toml")]);
         assert!(!p.build(&Builds::new()), "a build is refused");
+    }
+
+    /// A member's path dependency outside the members, and that one's own, are found
+    /// (cargo builds both into the library); a path dependency inside a member is not
+    /// listed again, and a registry dependency is none.
+    #[test]
+    fn path_dependencies_are_found_at_any_depth() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().canonicalize().unwrap();
+        let package = |dir: &str, deps: &str| {
+            let dir = base.join(dir);
+            std::fs::create_dir_all(dir.join("src")).unwrap();
+            let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+            std::fs::write(
+                dir.join("Cargo.toml"),
+                format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n{deps}"),
+            )
+            .unwrap();
+            std::fs::write(dir.join("src/lib.rs"), "").unwrap();
+        };
+        package("deeper", "");
+        package("shared", "deeper = { path = \"../deeper\" }\n");
+        package("plugin/inner", "");
+        package(
+            "plugin",
+            "shared = { path = \"../shared\" }\ninner = { path = \"inner\" }\nserde = \"1\"\n",
+        );
+        let project = Project::discover(&base.join("plugin")).unwrap();
+        assert_eq!(project.member_dirs, [base.join("plugin")]);
+        assert_eq!(
+            project.path_deps,
+            [base.join("deeper"), base.join("shared")]
+        );
+        let trusted = project.trusted_paths();
+        assert!(trusted.contains(&base.join("deeper")), "{trusted:?}");
+        assert!(project.is_source(&base.join("shared/src/lib.rs")));
     }
 
     #[test]

@@ -13,8 +13,8 @@ use cordis_sdk::host::{
 };
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
-    is_within, EnforcedFamily, Fence, Limits, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
-    SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
+    is_within, EnforcedFamily, Fence, FileId, Limits, ResolveArgs, SandboxExecutionPolicy,
+    SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
 };
 use serde::Deserializer;
 
@@ -231,6 +231,8 @@ struct Policy {
     composition: Option<CompositionClient>,
     default_mode: SandboxMode,
     workspace_root: PathBuf,
+    /// The workspace root's identity when the config was loaded.
+    workspace_root_id: FileId,
     network: bool,
     allow_unix_sockets: bool,
     writable_roots: Vec<PathBuf>,
@@ -249,9 +251,14 @@ fn session_error(id: &str, e: Error) -> Error {
 }
 
 impl Policy {
-    /// The policy of one call rooted at `root`: the fence's extra roots, the composition's
-    /// protected paths (asked fresh: a reload may have added some) and the configured ones.
-    fn policy(&self, mode: SandboxMode, root: PathBuf) -> Result<SandboxExecutionPolicy> {
+    /// The policy of one call rooted at `root` (the directory `root_id`): the fence's extra
+    /// roots, the composition's protected paths (asked fresh: a reload may have added some)
+    /// and the configured ones.
+    fn policy(
+        &self,
+        mode: SandboxMode,
+        (root, root_id): (PathBuf, FileId),
+    ) -> Result<SandboxExecutionPolicy> {
         if mode == SandboxMode::WorkspaceWrite {
             check_writable_root(&root, "the workspace root")?;
         }
@@ -263,6 +270,7 @@ impl Policy {
         Ok(SandboxExecutionPolicy {
             mode,
             workspace_root: root,
+            workspace_root_id: Some(root_id),
             network: self.network,
             allow_unix_sockets: self.allow_unix_sockets,
             writable_roots: self.writable_roots.clone(),
@@ -297,7 +305,7 @@ impl SandboxPolicy for PolicyHandle {
         let Some(id) = args.session else {
             return self.policy(
                 args.mode.unwrap_or(self.default_mode),
-                self.workspace_root.clone(),
+                (self.workspace_root.clone(), self.workspace_root_id),
             );
         };
         let info = self
@@ -371,9 +379,9 @@ impl SandboxPolicy for PolicyHandle {
 
 /// The session's root, checked to still be the directory the session was created in: the
 /// recorded path must still resolve to itself (no symlink swapped in) and name the same
-/// directory (device and inode). Fails closed otherwise.
-fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
+/// directory (device and inode), which every enforcing family checks again where it opens
+/// the root. Fails closed otherwise.
+fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<(PathBuf, FileId)> {
     let moved = |now: String| {
         Error::new(
             codes::SANDBOX_BAD_ROOT,
@@ -399,12 +407,13 @@ fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<PathBuf> {
     if !meta.is_dir() {
         return Err(moved("it is not a directory".to_string()));
     }
+    let found = FileId::of(&meta);
     if let Some((dev, ino)) = info.cwd_id {
-        if (meta.dev(), meta.ino()) != (dev, ino) {
+        if found != (FileId { dev, ino }) {
             return Err(moved("another directory is there now".to_string()));
         }
     }
-    Ok(canonical)
+    Ok((canonical, found))
 }
 
 /// The registry name of the model-context contribution (the seeds' `sandbox:policy`).
@@ -467,16 +476,19 @@ impl Plugin for SandboxPolicyPlugin {
             )
             .with_help("set `workspaceRoot` to an existing directory")
         })?;
-        if !workspace_root.is_dir() {
-            return Err(Error::new(
-                codes::SANDBOX_BAD_ROOT,
-                format!(
-                    "workspaceRoot `{}` is not a directory",
-                    workspace_root.display()
-                ),
-            )
-            .with_help("set `workspaceRoot` to an existing directory"));
-        }
+        let workspace_root_id = match workspace_root.metadata() {
+            Ok(meta) if meta.is_dir() => FileId::of(&meta),
+            _ => {
+                return Err(Error::new(
+                    codes::SANDBOX_BAD_ROOT,
+                    format!(
+                        "workspaceRoot `{}` is not a directory",
+                        workspace_root.display()
+                    ),
+                )
+                .with_help("set `workspaceRoot` to an existing directory"))
+            }
+        };
         let default_mode = config.mode.unwrap_or(SandboxMode::ReadOnly);
         if default_mode == SandboxMode::WorkspaceWrite {
             check_writable_root(&workspace_root, "workspaceRoot")?;
@@ -513,6 +525,7 @@ impl Plugin for SandboxPolicyPlugin {
             composition,
             default_mode,
             workspace_root: workspace_root.clone(),
+            workspace_root_id,
             network: config.network,
             allow_unix_sockets: config.allow_unix_sockets,
             writable_roots,
@@ -523,9 +536,16 @@ impl Plugin for SandboxPolicyPlugin {
         };
         let fence = Fence::of(
             &policy
-                .policy(SandboxMode::WorkspaceWrite, workspace_root.clone())
+                .policy(
+                    SandboxMode::WorkspaceWrite,
+                    (workspace_root.clone(), workspace_root_id),
+                )
                 .unwrap_or_default(),
-        );
+        )
+        .map_err(|moved| {
+            Error::new(codes::SANDBOX_BAD_ROOT, moved.to_string())
+                .with_help("keep the configured roots in place while cordis starts")
+        })?;
         if let Some(c) = &policy.composition {
             let state_dir = c.state_dir(())?;
             let inside = std::iter::once(&workspace_root)

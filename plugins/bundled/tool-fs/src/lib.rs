@@ -120,11 +120,13 @@ impl FsTools {
             .fs
             .resolve(path.to_path_buf())
             .unwrap_or(path.to_path_buf());
-        match Fence::of(policy).protected.covering(&canonical) {
-            Some(rule) => format!(
+        match Fence::of(policy).map(|f| f.protected.covering(&canonical)) {
+            Ok(Some(rule)) => format!(
                 " — PROTECTED: `{rule}` defines the running composition or the policy protects it"
             ),
-            None => String::new(),
+            Ok(None) => String::new(),
+            // The call itself is refused for the same reason when it runs.
+            Err(moved) => format!(" — REFUSED: {moved}"),
         }
     }
 

@@ -24,6 +24,8 @@ use dsh_fs_api::{
     line_cut_marker, Cut, DirEntry, Edited, Kind, Lines, ListDir, Listing, ReadLines, Stat, Written,
 };
 use dsh_sandbox::{Fence, PathSet, SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{FileId, RootMoved};
+use std::os::fd::AsFd;
 
 /// Checks that `path` is usable: non-empty, without NUL bytes, absolute.
 pub fn check_path(path: &Path) -> Result<()> {
@@ -683,7 +685,8 @@ pub fn fenced_target(
                 ),
                 _ => io_error(e, "resolve", path),
             })?;
-            let fence = Fence::of(policy);
+            let fence = Fence::of(policy)
+                .map_err(|moved| sandbox_denied(mode, path, &moved.to_string()))?;
             let roots = &fence.writable_roots;
             let Some(root) = dsh_sandbox::containing_root(&canonical, roots) else {
                 let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
@@ -698,9 +701,13 @@ pub fn fenced_target(
                 ));
             };
             guard(&fence, mode, path, &canonical)?;
-            let target = Target::beneath_checked(root, &canonical, parents, mode, |made| {
-                guard(&fence, mode, path, made)
-            })?;
+            let target = Target::beneath_checked(
+                (root, fence.identity(root)),
+                &canonical,
+                parents,
+                mode,
+                |made| guard(&fence, mode, path, made),
+            )?;
             // What was reached, not what was asked: a directory swapped for a symlink
             // into a protected directory after the check above is caught here.
             let reached = reached(&target.parent, path)?;
@@ -811,15 +818,16 @@ impl Target {
         parents: Parents,
         mode: SandboxMode,
     ) -> Result<Target> {
-        Target::beneath_checked(root, path, parents, mode, |_| Ok(()))
+        Target::beneath_checked((root, None), path, parents, mode, |_| Ok(()))
     }
 
     /// [`Target::beneath`], asking `check` about every directory before it is created, by
     /// the path it is really created at (what was reached, not what was asked): a
     /// directory on the way swapped for a symlink into a protected one gets nothing made
-    /// in it.
+    /// in it. With an identity, the root opened must be that directory ([`Fence::identity`]):
+    /// a root renamed away and replaced after the check is refused, not followed.
     pub fn beneath_checked(
-        root: &Path,
+        (root, identity): (&Path, Option<FileId>),
         path: &Path,
         parents: Parents,
         mode: SandboxMode,
@@ -859,6 +867,12 @@ impl Target {
         };
         let root_dir = Dir::open_ambient_dir(root, ambient_authority())
             .map_err(|e| io_error(e, "open the writable root for", path))?;
+        if identity.is_some() {
+            let opened = FileId::of_fd(root_dir.as_fd())
+                .map_err(|e| io_error(e, "check the writable root for", path))?;
+            RootMoved::unless(root, identity, opened)
+                .map_err(|moved| sandbox_denied(mode, path, &moved.to_string()))?;
+        }
         let parent = if rel_parent.as_os_str().is_empty() {
             root_dir
         } else if parents == Parents::Create {

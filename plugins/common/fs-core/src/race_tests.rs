@@ -28,7 +28,7 @@ impl Layout {
         let ws_dir = tempfile::tempdir().expect("workspace");
         let ws = ws_dir.path().canonicalize().expect("canonical workspace");
         let policy = policy(&ws);
-        let roots = dsh_sandbox::writable_roots(&policy);
+        let roots = dsh_sandbox::writable_roots(&policy).expect("the workspace is a root");
         // This workspace's build directory, else the user's cache, else /var/tmp: the first
         // that no writable root contains.
         let candidates = [
@@ -197,6 +197,65 @@ fn a_directory_swapped_for_a_symlink_inside_the_window_is_denied() {
         "the fence let a swap through:\n{}",
         problems.join("\n")
     );
+}
+
+/// The writable root itself renamed away and replaced inside the window (by a link to the
+/// outside, or by another directory, as another session may do to a root under `/tmp`):
+/// the root opened is not the directory the fence checked, so the call is refused.
+#[test]
+fn the_root_itself_replaced_inside_the_window_is_denied() {
+    let denied = Some(codes::FS_SANDBOX_DENIED.to_string());
+    for (op, by_link) in [
+        (Op::Write, true),
+        (Op::Edit, true),
+        (Op::Write, false),
+        (Op::Edit, false),
+    ] {
+        let layout = Layout::new();
+        std::fs::write(layout.ws.join("f.txt"), "old\n").expect("inside file");
+        std::fs::write(layout.outside.join("f.txt"), "old\n").expect("outside file");
+        let before = layout.outside_listing();
+        let (ws, outside) = (layout.ws.clone(), layout.outside.clone());
+        let (outcome, points) = raced(&layout, "f.txt", op, move || {
+            if by_link {
+                swap_for_symlink(&ws, &outside);
+            } else {
+                std::fs::rename(&ws, ws.with_extension("parked")).expect("move the root aside");
+                std::fs::create_dir(&ws).expect("another directory");
+                std::fs::write(ws.join("f.txt"), "old\n").expect("its file");
+            }
+        });
+        let what = format!(
+            "{op:?}, replaced by {}",
+            if by_link { "a link" } else { "a directory" }
+        );
+        assert_eq!(
+            points.first(),
+            Some(&Point::Checked),
+            "{what}: the window was reached"
+        );
+        assert_eq!(outcome, denied, "{what}");
+        assert_eq!(
+            layout.outside_listing(),
+            before,
+            "{what}: nothing outside changed"
+        );
+        if !by_link {
+            assert_eq!(
+                std::fs::read_to_string(layout.ws.join("f.txt")).expect("read"),
+                "old\n",
+                "{what}: nothing changed in the directory put in the root's place"
+            );
+        }
+        // Put the root back, so the temporary directory is removed as usual.
+        let parked = layout.ws.with_extension("parked");
+        if by_link {
+            std::fs::remove_file(&layout.ws).expect("remove the link");
+        } else {
+            std::fs::remove_dir_all(&layout.ws).expect("remove the other directory");
+        }
+        std::fs::rename(&parked, &layout.ws).expect("restore the root");
+    }
 }
 
 /// A directory swapped for a symlink to a protected directory inside the same writable

@@ -84,10 +84,12 @@ pub enum Stage {
     Seccomp,
     /// Entering the command's cgroup and setting its rlimits.
     Limits,
+    /// Checking that each writable root cloned is the directory the fence checked.
+    RootIdentity,
 }
 
 impl Stage {
-    const ALL: [Stage; 17] = [
+    const ALL: [Stage; 18] = [
         Stage::Session,
         Stage::Namespaces,
         Stage::IdMap,
@@ -105,6 +107,7 @@ impl Stage {
         Stage::Landlock,
         Stage::Seccomp,
         Stage::Limits,
+        Stage::RootIdentity,
     ];
 
     pub(crate) fn from_u32(n: u32) -> Option<Stage> {
@@ -131,6 +134,9 @@ impl Stage {
             Stage::Landlock => "applying the Landlock ruleset",
             Stage::Seccomp => "installing the seccomp filter",
             Stage::Limits => "entering the command's cgroup and setting its rlimits",
+            Stage::RootIdentity => {
+                "checking that each writable root is still the directory the policy checked"
+            }
         }
     }
 
@@ -157,6 +163,9 @@ impl Stage {
             Stage::Limits => {
                 "let cordis move its own child processes between cgroups (write access to the cgroup file system), or turn the limits off with `limits: {memoryMib: 0, processes: 0}`"
             }
+            Stage::RootIdentity => {
+                "another process renamed a writable root away and put something else in its place as the command started, so nothing ran; put the directory back, or start a new session in the directory you mean"
+            }
             Stage::Session | Stage::Loopback | Stage::Fork | Stage::Capabilities => {
                 "this should not fail on Linux; check the process limits (`ulimit -u`)"
             }
@@ -172,6 +181,10 @@ pub(crate) struct SandboxSpec {
     pub gid_map: CString,
     /// Directories bound read-write on the read-only root, outermost first.
     pub writable: Vec<CString>,
+    /// The device and inode each of `writable` had when the fence was made: what is bound
+    /// must be that directory (another process may have renamed a root away and put
+    /// something else in its place since).
+    pub writable_ids: Vec<Option<(u64, u64)>>,
     /// Directories between a writable root and a protected path, bound onto themselves
     /// (a mount point cannot be renamed), outermost first.
     pub pinned: Vec<CString>,
@@ -604,6 +617,18 @@ unsafe fn move_mount(from: c_int, to: &CStr) -> libc::c_long {
     )
 }
 
+/// Attaches the detached mount `from` onto the directory open as `to`.
+unsafe fn move_mount_onto(from: c_int, to: c_int) -> libc::c_long {
+    libc::syscall(
+        libc::SYS_move_mount,
+        from,
+        c"".as_ptr(),
+        to,
+        c"".as_ptr(),
+        libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+}
+
 /// Sets `MOUNT_ATTR_RDONLY` on the mount at `dirfd`/`path` (and beneath, if `recursive`).
 unsafe fn read_only(dirfd: c_int, path: &CStr, flags: c_int) -> libc::c_long {
     let attr = libc::mount_attr {
@@ -657,9 +682,20 @@ unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd) {
     );
     // Clone what must stay writable (and the device nodes) while it still is.
     let mut roots = [-1; MAX_BINDS];
-    for (slot, root) in roots.iter_mut().zip(&spec.writable) {
+    for ((slot, root), id) in roots.iter_mut().zip(&spec.writable).zip(&spec.writable_ids) {
         *slot = open_tree(root, true);
         check(report, Stage::Mounts, *slot as _);
+        if let Some((dev, ino)) = *id {
+            let mut st: libc::stat = std::mem::zeroed();
+            check(
+                report,
+                Stage::RootIdentity,
+                libc::fstat(*slot, &mut st) as _,
+            );
+            if (st.st_dev as u64, st.st_ino as u64) != (dev, ino) {
+                fail(report, Stage::RootIdentity, libc::ESTALE);
+            }
+        }
     }
     let mut nodes = [-1; DEV_NODES.len()];
     for (slot, node) in nodes.iter_mut().zip(DEV_NODES) {
@@ -672,8 +708,31 @@ unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd) {
         read_only(libc::AT_FDCWD, c"/", libc::AT_RECURSIVE),
     );
     build_dev(&nodes, report);
-    for (fd, root) in roots.iter().zip(&spec.writable) {
-        check(report, Stage::WritableRoot, move_mount(*fd, root));
+    for ((fd, root), id) in roots.iter().zip(&spec.writable).zip(&spec.writable_ids) {
+        match *id {
+            // Bound onto the very directory checked, opened without following a link: a
+            // root renamed away meanwhile (a link or another directory in its place) is
+            // refused, and one renamed after this open keeps its mount wherever it goes.
+            Some(id) => {
+                let target = libc::open(
+                    root.as_ptr(),
+                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                );
+                check(report, Stage::RootIdentity, target as _);
+                let mut st: libc::stat = std::mem::zeroed();
+                check(
+                    report,
+                    Stage::RootIdentity,
+                    libc::fstat(target, &mut st) as _,
+                );
+                if (st.st_dev as u64, st.st_ino as u64) != id {
+                    fail(report, Stage::RootIdentity, libc::ESTALE);
+                }
+                check(report, Stage::WritableRoot, move_mount_onto(*fd, target));
+                libc::close(target);
+            }
+            None => check(report, Stage::WritableRoot, move_mount(*fd, root)),
+        }
         libc::close(*fd);
     }
     for path in &spec.pinned {

@@ -17,7 +17,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use dsh_sandbox::{
-    denial_marker, is_within, Fence, PathSet, SandboxExecutionPolicy, SandboxMode, SearchError,
+    denial_marker, is_within, Fence, FileId, PathSet, RootMoved, SandboxExecutionPolicy,
+    SandboxMode, SearchError,
 };
 use dsh_shell_api::ExecResult;
 use landlock::{
@@ -39,8 +40,10 @@ pub const DEV_NULL: &str = "/dev/null";
 /// The paths a confined command may write beneath, in order: `writable_roots(policy)` then
 /// `/dev/null`. `None` for `danger-full-access` (the command runs unconfined); only
 /// `/dev/null` for `read-only`.
-pub fn granted_write_roots(policy: &SandboxExecutionPolicy) -> Option<Vec<PathBuf>> {
-    granted(policy.mode, &Fence::of(policy))
+pub fn granted_write_roots(
+    policy: &SandboxExecutionPolicy,
+) -> Result<Option<Vec<PathBuf>>, RootMoved> {
+    Ok(granted(policy.mode, &Fence::of(policy)?))
 }
 
 /// [`granted_write_roots`] of a call in `mode` whose fence is `fence`.
@@ -73,6 +76,9 @@ pub enum ConfineError {
         #[source]
         source: PathFdError,
     },
+    /// A root of the policy was renamed away and replaced since it was checked.
+    #[error(transparent)]
+    RootMoved(#[from] RootMoved),
     /// The kernel accepted no part of the ruleset.
     #[error("the Landlock ruleset would not be enforced; refusing to run the command with weaker confinement")]
     NotEnforced,
@@ -182,6 +188,9 @@ impl ConfineError {
                 "run on x86_64 or aarch64, or compose `dsh-bash-local` to run commands unconfined on purpose".to_string()
             }
             ConfineError::Setup { stage, .. } => stage.help().to_string(),
+            ConfineError::RootMoved(_) => {
+                "put the directory back, or start a new session in the directory you mean (another process renamed the root away and put something else in its place)".to_string()
+            }
             ConfineError::Ruleset { .. } | ConfineError::NotEnforced => format!(
                 "run on Linux 6.10 or newer with Landlock enabled (`landlock` in the `lsm=` boot parameter, Landlock ABI {} or newer), or compose `dsh-bash-local` to run commands unconfined on purpose",
                 PINNED_ABI as u32
@@ -213,11 +222,11 @@ impl Confinement {
     /// `/dev/null` for a file). Patterns are matched against the workspace when the command
     /// starts.
     pub fn prepare(policy: &SandboxExecutionPolicy) -> Result<Option<Confinement>, ConfineError> {
-        let fence = Fence::of(policy);
+        let fence = Fence::of(policy)?;
         let Some(roots) = granted(policy.mode, &fence) else {
             return Ok(None);
         };
-        let landlock = landlock_ruleset(&roots)?;
+        let landlock = landlock_ruleset(&roots, &fence)?;
         let limits = CommandLimits::prepare(&policy.limits)?;
         let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
         // Outermost first, so an inner root is bound on top of the outer one.
@@ -387,6 +396,10 @@ impl Confinement {
             spec: SandboxSpec {
                 uid_map: map(uid),
                 gid_map: map(gid),
+                writable_ids: writable
+                    .iter()
+                    .map(|p| fence.identity(p).map(|id| (id.dev, id.ino)))
+                    .collect(),
                 writable: writable
                     .into_iter()
                     .map(|p| c_path(p))
@@ -456,7 +469,10 @@ fn creatable(path: &Path, root: &Path) -> Result<Option<PathBuf>, ConfineError> 
 
 /// The Landlock ruleset: write-ish rights only beneath `roots`, signals and abstract unix
 /// sockets scoped to the sandbox where the kernel can.
-fn landlock_ruleset(roots: &[PathBuf]) -> Result<std::os::fd::OwnedFd, ConfineError> {
+fn landlock_ruleset(
+    roots: &[PathBuf],
+    fence: &Fence,
+) -> Result<std::os::fd::OwnedFd, ConfineError> {
     let write = AccessFs::from_write(PINNED_ABI);
     let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
     let mut ruleset = Ruleset::default()
@@ -474,6 +490,14 @@ fn landlock_ruleset(roots: &[PathBuf]) -> Result<std::os::fd::OwnedFd, ConfineEr
             path: root.clone(),
             source,
         })?;
+        // The rule is for the directory opened: it must be the one the fence checked.
+        let opened = FileId::of_fd(std::os::fd::AsFd::as_fd(&fd)).map_err(|source| {
+            ConfineError::Unverifiable {
+                path: root.clone(),
+                source,
+            }
+        })?;
+        fence.check_opened(root, opened)?;
         ruleset = ruleset
             .set_compatibility(CompatLevel::HardRequirement)
             .add_rule(PathBeneath::new(fd, rights))
@@ -520,7 +544,7 @@ pub fn flag_denial(result: &mut ExecResult, mode: SandboxMode) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run;
+    use crate::{run, RunError};
     use dsh_shell_api::ExecRequest;
 
     /// `command` in `cwd`, with a 10 s timeout and no policy of its own.
@@ -550,16 +574,16 @@ mod tests {
     fn granted_roots_are_exactly_the_shared_writable_roots_plus_dev_null() {
         let dir = tempfile::tempdir().unwrap();
         let ws = policy(SandboxMode::WorkspaceWrite, dir.path());
-        let mut expected = dsh_sandbox::writable_roots(&ws);
+        let mut expected = dsh_sandbox::writable_roots(&ws).unwrap();
         expected.push(PathBuf::from(DEV_NULL));
-        assert_eq!(granted_write_roots(&ws), Some(expected));
+        assert_eq!(granted_write_roots(&ws), Ok(Some(expected)));
         let ro = policy(SandboxMode::ReadOnly, dir.path());
         assert_eq!(
             granted_write_roots(&ro),
-            Some(vec![PathBuf::from(DEV_NULL)])
+            Ok(Some(vec![PathBuf::from(DEV_NULL)]))
         );
         let full = policy(SandboxMode::DangerFullAccess, dir.path());
-        assert_eq!(granted_write_roots(&full), None);
+        assert_eq!(granted_write_roots(&full), Ok(None));
     }
 
     #[test]
@@ -627,6 +651,50 @@ mod tests {
             "{r:?}"
         );
         std::fs::remove_dir_all(&ws).unwrap();
+    }
+
+    /// The workspace root renamed away and replaced (by a link to the outside, or by
+    /// another directory) after the command's confinement was prepared, before it starts:
+    /// what the command's process would bind is not the directory the fence checked, so it
+    /// runs nothing and says why.
+    #[test]
+    fn a_root_replaced_after_the_check_runs_nothing() {
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../target/shell-core-replaced-root-test");
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("ws")).unwrap();
+        std::fs::create_dir_all(base.join("outside")).unwrap();
+        let base = base.canonicalize().unwrap();
+        let (ws, outside) = (base.join("ws"), base.join("outside"));
+        for by_link in [true, false] {
+            let confinement =
+                Confinement::prepare(&policy(SandboxMode::WorkspaceWrite, &ws)).unwrap();
+            std::fs::rename(&ws, base.join("parked")).unwrap();
+            if by_link {
+                std::os::unix::fs::symlink(&outside, &ws).unwrap();
+            } else {
+                std::fs::create_dir(&ws).unwrap();
+            }
+            let req = request(&format!("echo x > {}/f.txt", ws.display()), &ws);
+            let what = if by_link { "a link" } else { "a directory" };
+            match run(&req, confinement, &crate::EnvPolicy::default()) {
+                Err(RunError::Sandbox(e @ ConfineError::Setup { stage, .. })) => {
+                    assert_eq!(stage, Stage::RootIdentity, "replaced by {what}: {e}");
+                    assert!(e.help().contains("put the directory back"), "{}", e.help());
+                }
+                other => {
+                    panic!("replaced by {what}: the command ran or failed otherwise: {other:?}")
+                }
+            }
+            assert!(!outside.join("f.txt").exists() && !ws.join("f.txt").exists());
+            if by_link {
+                std::fs::remove_file(&ws).unwrap();
+            } else {
+                std::fs::remove_dir(&ws).unwrap();
+            }
+            std::fs::rename(base.join("parked"), &ws).unwrap();
+        }
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

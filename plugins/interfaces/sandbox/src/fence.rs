@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use glob::{MatchOptions, Pattern};
 
-use crate::{is_within, SandboxExecutionPolicy};
+use crate::{is_within, FileId, SandboxExecutionPolicy};
 
 /// What stays read-only beneath every writable root while it exists: the repository's
 /// whole git directory, or the `.git` file of a linked worktree or submodule (as Codex
@@ -213,6 +213,8 @@ pub struct Fence {
     pub deny_read: PathSet,
     /// Candidate roots left out, each with the reason (for the start-up log).
     pub left_out: Vec<String>,
+    /// The identity of each writable root, in the same order.
+    identities: Vec<FileId>,
 }
 
 impl Fence {
@@ -220,32 +222,72 @@ impl Fence {
     /// roots and `/tmp` (each canonicalized, dropped when missing), and the process temp
     /// dir (`TMPDIR`) only when it is not `/`, not `$HOME` or an ancestor of it, and holds
     /// none of the protected paths: a temp dir that would make the host's own files
-    /// writable is left out, and [`Fence::left_out`] says why.
-    pub fn of(policy: &SandboxExecutionPolicy) -> Fence {
+    /// writable is left out, and [`Fence::left_out`] says why. Each root's identity is
+    /// recorded ([`Fence::identity`]) for whoever opens it to check. The policy's own roots
+    /// are canonical: one that resolves elsewhere now, or (the workspace root) is no longer
+    /// the directory of [`SandboxExecutionPolicy::workspace_root_id`], was moved and
+    /// replaced since it was checked, and the fence is refused ([`RootMoved`]).
+    pub fn of(policy: &SandboxExecutionPolicy) -> Result<Fence, RootMoved> {
         let mut fence = Fence::default();
-        let add = |p: &Path, roots: &mut Vec<PathBuf>| {
-            if let Ok(canon) = p.canonicalize() {
-                if !roots.contains(&canon) {
-                    roots.push(canon);
-                }
+        let mut roots: Vec<(PathBuf, FileId)> = Vec::new();
+        let add = |root: Root, roots: &mut Vec<(PathBuf, FileId)>| -> Result<(), RootMoved> {
+            let moved = |now: String| RootMoved {
+                root: root.path.to_path_buf(),
+                now,
+            };
+            let canonical = match root.path.canonicalize() {
+                Ok(canonical) => canonical,
+                Err(e) if absent(&e) && root.expect.is_none() => return Ok(()),
+                Err(e) if root.own => return Err(moved(format!("it cannot be resolved: {e}"))),
+                Err(_) => return Ok(()),
+            };
+            if root.own && canonical != root.path {
+                return Err(moved(format!(
+                    "it now resolves to `{}`",
+                    canonical.display()
+                )));
             }
+            // Not followed: what `canonical` names itself, a directory unless it was just
+            // swapped for something else.
+            let id = match canonical.symlink_metadata() {
+                Ok(meta) if meta.is_dir() => FileId::of(&meta),
+                Ok(_) if root.own => return Err(moved("it is not a directory".to_string())),
+                Err(e) if root.own => return Err(moved(e.to_string())),
+                _ => return Ok(()),
+            };
+            if root.expect.is_some_and(|want| want != id) {
+                return Err(moved("another directory is there now".to_string()));
+            }
+            if !roots.iter().any(|(r, _)| *r == canonical) {
+                roots.push((canonical, id));
+            }
+            Ok(())
         };
-        let mut roots = Vec::new();
-        add(&policy.workspace_root, &mut roots);
+        add(
+            Root {
+                path: &policy.workspace_root,
+                own: true,
+                expect: policy.workspace_root_id,
+            },
+            &mut roots,
+        )?;
         for r in &policy.writable_roots {
-            add(r, &mut roots);
+            add(Root::own(r), &mut roots)?;
         }
-        add(Path::new("/tmp"), &mut roots);
+        add(Root::ambient(Path::new("/tmp")), &mut roots)?;
         let temp = std::env::temp_dir();
-        let already = temp.canonicalize().is_ok_and(|t| roots.contains(&t));
+        let already = temp
+            .canonicalize()
+            .is_ok_and(|t| roots.iter().any(|(r, _)| *r == t));
         match temp_dir_refusal(&temp, &policy.protected_paths) {
             _ if already => {}
             Some(why) => fence.left_out.push(format!(
                 "the temp dir `{}` (TMPDIR) is not a writable root: {why}",
                 temp.display()
             )),
-            None => add(&temp, &mut roots),
+            None => add(Root::ambient(&temp), &mut roots)?,
         }
+        let (roots, identities): (Vec<PathBuf>, Vec<FileId>) = roots.into_iter().unzip();
         let mut protected: Vec<PathBuf> = policy
             .protected_paths
             .iter()
@@ -280,11 +322,91 @@ impl Fence {
         }
         protected.extend(fence.optional.iter().cloned());
         fence.writable_roots = roots;
+        fence.identities = identities;
         fence.protected = PathSet::new(protected);
         fence.deny_read = PathSet::new(policy.deny_read.iter().cloned());
-        fence
+        Ok(fence)
+    }
+
+    /// The identity `root` (one of [`Fence::writable_roots`]) had when the fence was made:
+    /// whoever opens the root checks that it opened this directory, so a root swapped after
+    /// the fence was made is refused, not followed.
+    pub fn identity(&self, root: &Path) -> Option<FileId> {
+        let i = self.writable_roots.iter().position(|r| r == root)?;
+        self.identities.get(i).copied()
+    }
+
+    /// Checks that `opened` (what opening `root` gave) is the directory the fence recorded
+    /// for it.
+    pub fn check_opened(&self, root: &Path, opened: FileId) -> Result<(), RootMoved> {
+        RootMoved::unless(root, self.identity(root), opened)
     }
 }
+
+/// A candidate writable root of [`Fence::of`].
+struct Root<'a> {
+    path: &'a Path,
+    /// One of the policy's roots (canonical, so it must still resolve to itself).
+    own: bool,
+    /// The identity the policy owner verified, if it says.
+    expect: Option<FileId>,
+}
+
+impl<'a> Root<'a> {
+    fn own(path: &'a Path) -> Root<'a> {
+        Root {
+            path,
+            own: true,
+            expect: None,
+        }
+    }
+
+    /// A temp area: resolved as it is (`/tmp` may be a link), dropped when missing.
+    fn ambient(path: &'a Path) -> Root<'a> {
+        Root {
+            path,
+            own: false,
+            expect: None,
+        }
+    }
+}
+
+/// A root of the policy no longer names the directory it named when it was checked: it
+/// was renamed away and something else put in its place. Refused, never followed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootMoved {
+    /// The root, as the policy names it.
+    pub root: PathBuf,
+    /// What it is now.
+    pub now: String,
+}
+
+impl RootMoved {
+    /// `Ok` when opening `root` gave `opened`, the directory `want` says it was (or nothing
+    /// was recorded).
+    pub fn unless(root: &Path, want: Option<FileId>, opened: FileId) -> Result<(), RootMoved> {
+        match want {
+            Some(want) if want != opened => Err(RootMoved {
+                root: root.to_path_buf(),
+                now: "another directory is there now".to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for RootMoved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the writable root `{}` no longer names the directory that was checked ({}); refusing to follow it",
+            self.root.display(),
+            self.now
+        )
+    }
+}
+
+impl std::error::Error for RootMoved {}
 
 impl Fence {
     /// The `.git` entry at any depth beneath a writable root that the canonical `path` is
@@ -463,7 +585,8 @@ mod tests {
             mode: crate::SandboxMode::WorkspaceWrite,
             workspace_root: ws.clone(),
             ..Default::default()
-        });
+        })
+        .unwrap();
         for inside in [
             ".git/hooks/pre-commit",
             ".git/config",
@@ -521,7 +644,8 @@ mod tests {
             workspace_root: root.clone(),
             protected_paths: vec![root.join("link/conf")],
             ..Default::default()
-        });
+        })
+        .unwrap();
         for path in ["githooks/pre-commit", "real/conf/app.yml"] {
             assert!(
                 fence.protected.covering(&root.join(path)).is_some(),

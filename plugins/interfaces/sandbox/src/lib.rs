@@ -160,6 +160,13 @@ pub struct SandboxExecutionPolicy {
     /// ssh agent). Off by default; with `network` off they are always refused.
     #[serde(default)]
     pub allow_unix_sockets: bool,
+    /// The identity of the workspace root as the policy owner verified it (for a session,
+    /// the directory the session was created in): every enforcing family uses the root
+    /// only while it is still that directory, so a root renamed away and replaced (by a
+    /// link, or another directory) after the check is refused, never followed. `None`:
+    /// the root is checked only to still resolve to itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_root_id: Option<FileId>,
     /// Writable roots besides the workspace root and the temp areas (canonical).
     #[serde(default)]
     pub writable_roots: Vec<PathBuf>,
@@ -174,6 +181,41 @@ pub struct SandboxExecutionPolicy {
     /// The resource limits of every confined command (the configured `limits`).
     #[serde(default)]
     pub limits: Limits,
+}
+
+/// Which directory (or file) a path named when it was checked: its device and inode. A
+/// path re-resolved later may name another; comparing identities tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct FileId {
+    /// The device.
+    pub dev: u64,
+    /// The inode on it.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity in `meta`.
+    pub fn of(meta: &std::fs::Metadata) -> FileId {
+        use std::os::unix::fs::MetadataExt;
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+}
+
+impl FileId {
+    /// The identity of what the open descriptor `fd` refers to (an `O_PATH` one too).
+    pub fn of_fd(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<FileId> {
+        let file = std::fs::File::from(fd.try_clone_to_owned()?);
+        Ok(FileId::of(&file.metadata()?))
+    }
+}
+
+impl fmt::Display for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device {}, inode {}", self.dev, self.ino)
+    }
 }
 
 /// The resource limits of one confined command (the policy's `limits`). A command over one
@@ -212,15 +254,16 @@ mod git;
 /// Stand-ins for plugin tests (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub use fence::{Fence, PathSet, SearchError, GIT_PROTECTED};
+pub use fence::{Fence, PathSet, RootMoved, SearchError, GIT_PROTECTED};
 pub use git::{repositories_beneath, REPOSITORY_BUDGET};
 
 /// The roots a `workspace-write` call may modify beneath: the workspace root, the policy's
 /// extra roots, `/tmp` and the process temp dir when it may be one (see [`Fence::of`]),
 /// each canonicalized, deduplicated. The ONE source for every enforcing family (fs fence
-/// and shell runner), so they cannot drift.
-pub fn writable_roots(policy: &SandboxExecutionPolicy) -> Vec<PathBuf> {
-    Fence::of(policy).writable_roots
+/// and shell runner), so they cannot drift. `Err` when a root of the policy no longer
+/// names the directory it named ([`RootMoved`]).
+pub fn writable_roots(policy: &SandboxExecutionPolicy) -> Result<Vec<PathBuf>, RootMoved> {
+    Ok(Fence::of(policy)?.writable_roots)
 }
 
 /// Canonicalizes a path that may not exist yet: the deepest existing ancestor is resolved
@@ -784,19 +827,44 @@ mod tests {
     }
 
     #[test]
-    fn writable_roots_are_canonical_workspace_and_temp() {
+    fn writable_roots_are_the_workspace_and_temp_and_a_moved_root_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        let link = tmp.path().join("alias");
-        std::os::unix::fs::symlink(tmp.path(), &link).unwrap();
-        let roots = writable_roots(&SandboxExecutionPolicy {
+        let ws = tmp.path().canonicalize().unwrap().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+        let policy = |root: &Path, id: Option<FileId>| SandboxExecutionPolicy {
             mode: SandboxMode::WorkspaceWrite,
-            workspace_root: link,
-            network: false,
+            workspace_root: root.to_path_buf(),
+            workspace_root_id: id,
             ..Default::default()
-        });
-        assert_eq!(roots[0], tmp.path().canonicalize().unwrap());
+        };
+        let id = FileId::of(&ws.metadata().unwrap());
+        let roots = writable_roots(&policy(&ws, Some(id))).unwrap();
+        assert_eq!(roots[0], ws);
         assert!(roots.contains(&PathBuf::from("/tmp").canonicalize().unwrap()));
         assert!(roots.contains(&std::env::temp_dir().canonicalize().unwrap()));
+        let fence = Fence::of(&policy(&ws, Some(id))).unwrap();
+        assert_eq!(fence.identity(&ws), Some(id));
+        // A policy's roots are canonical: one that resolves elsewhere was moved and
+        // replaced by a link (or named through one, which the policy owner never does).
+        let alias = ws.with_file_name("alias");
+        std::os::unix::fs::symlink(&ws, &alias).unwrap();
+        let moved = writable_roots(&policy(&alias, None)).unwrap_err();
+        assert_eq!(moved.root, alias);
+        assert!(moved.to_string().contains("now resolves to"), "{moved}");
+        // The same path, another directory: refused when the identity is known, and
+        // caught where the root is opened when the swap comes after the fence.
+        std::fs::rename(&ws, ws.with_file_name("away")).unwrap();
+        std::fs::create_dir(&ws).unwrap();
+        let moved = Fence::of(&policy(&ws, Some(id))).unwrap_err();
+        assert!(moved.to_string().contains("another directory"), "{moved}");
+        let now = FileId::of(&ws.metadata().unwrap());
+        assert!(fence.check_opened(&ws, now).is_err());
+        assert!(fence.check_opened(&ws, id).is_ok());
+        // Without an identity the root only has to resolve to itself; gone, it is dropped.
+        assert_eq!(writable_roots(&policy(&ws, None)).unwrap()[0], ws);
+        std::fs::remove_dir(&ws).unwrap();
+        assert!(!writable_roots(&policy(&ws, None)).unwrap().contains(&ws));
+        assert!(Fence::of(&policy(&ws, Some(id))).is_err());
     }
 
     #[test]
