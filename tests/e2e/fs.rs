@@ -6,11 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordis_e2e::{target_dir, unique, Host, Outside, Scratch, Started};
+use cordis_e2e::{target_dir, unique, Host, Outside, Scratch, Started, Swapper};
 use cordis_sdk::host::{ModelContext, ModelContextClient};
 use cordis_sdk::Error;
 use dsh_fs_api::{codes, EditText, FileSystem, FsClient, ListDir, WriteText};
@@ -18,7 +16,6 @@ use dsh_sandbox::{
     writable_roots, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
     SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
 };
-use rustix::fs::{renameat_with, RenameFlags, CWD};
 use serde_json::json;
 
 use SandboxMode::{DangerFullAccess, ReadOnly, WorkspaceWrite};
@@ -409,24 +406,10 @@ fn swapping_a_directory_for_a_symlink_never_escapes() {
     let fs = fs_of(&started);
     let before = out.snapshot();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let swaps = Arc::new(AtomicU64::new(0));
-    let swapper = {
-        let (ws, stop, swaps) = (ws.clone(), stop.clone(), swaps.clone());
-        std::thread::spawn(move || {
-            let (d, link) = (ws.join("d"), ws.join("d-link"));
-            while !stop.load(Ordering::Relaxed) {
-                // `d` and `d-link` trade places atomically: `d` is the real directory, then
-                // the symlink to the outside, then the directory again — never missing, so
-                // the writer races the swap itself and nothing else.
-                renameat_with(CWD, &d, CWD, &link, RenameFlags::EXCHANGE)
-                    .expect("exchange `d` and `d-link` (renameat2 RENAME_EXCHANGE)");
-                swaps.fetch_add(1, Ordering::Relaxed);
-                std::thread::yield_now();
-            }
-        })
-    };
-
+    // `d` and `d-link` trade places atomically: `d` is the real directory, then the symlink
+    // to the outside, then the directory again — never missing, so the writer races the
+    // swap itself and nothing else.
+    let swapper = Swapper::start(&ws.join("d"), &ws.join("d-link"));
     // The race runs until it has been exercised enough — both outcomes seen, enough writes
     // and swaps — not for a fixed time: a loaded machine only makes it take longer. The
     // deadline is there so a starved swapper fails the test instead of hanging it.
@@ -438,7 +421,7 @@ fn swapping_a_directory_for_a_symlink_never_escapes() {
     let mut other = BTreeMap::<String, (u32, String)>::new();
     let mut iterations = 0u32;
     let exercised = |iterations: u32, allowed: u32, denied: u32| {
-        iterations >= WRITES && allowed > 0 && denied > 0 && swaps.load(Ordering::Relaxed) >= SWAPS
+        iterations >= WRITES && allowed > 0 && denied > 0 && swapper.swaps() >= SWAPS
     };
     while !exercised(iterations, allowed, denied) && Instant::now() < deadline {
         iterations += 1;
@@ -453,11 +436,10 @@ fn swapping_a_directory_for_a_symlink_never_escapes() {
             Err(e) => other.entry(e.code.clone()).or_insert((0, e.message)).0 += 1,
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().expect("swapper thread");
+    let was_exercised = exercised(iterations, allowed, denied);
+    let swaps = swapper.stop();
     eprintln!(
-        "race: {iterations} writes ({allowed} allowed, {denied} denied, other {other:?}), {} swaps",
-        swaps.load(Ordering::Relaxed)
+        "race: {iterations} writes ({allowed} allowed, {denied} denied, other {other:?}), {swaps} swaps"
     );
     assert_eq!(out.snapshot(), before, "bytes landed outside the workspace");
     assert!(
@@ -465,11 +447,10 @@ fn swapping_a_directory_for_a_symlink_never_escapes() {
         "`d` never goes missing, so every write is allowed or denied: {other:?}"
     );
     assert!(
-        exercised(iterations, allowed, denied),
+        was_exercised,
         "the race was not exercised within the deadline: {iterations} writes \
-         ({allowed} allowed, {denied} denied), {} swaps; want at least {WRITES} writes, \
-         {SWAPS} swaps and both outcomes",
-        swaps.load(Ordering::Relaxed)
+         ({allowed} allowed, {denied} denied), {swaps} swaps; want at least {WRITES} writes, \
+         {SWAPS} swaps and both outcomes"
     );
 }
 
