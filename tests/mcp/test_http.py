@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import signal
 import stat
 import time
@@ -57,8 +58,14 @@ class HttpServer:
 
     @classmethod
     async def start(
-        cls, ws: Workspace, *args: str, token: str | None = TOKEN, bind: str = "127.0.0.1:0"
+        cls,
+        ws: Workspace,
+        *args: str,
+        token: str | None = TOKEN,
+        bind: str = "127.0.0.1:0",
+        open_files: int | None = None,
     ) -> HttpServer:
+        """`open_files`: the server's descriptor limit (soft and hard)."""
         env = {**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "RUST_LOG": "warn,cordis=info,cordis_cli=info"}
         env.pop("CORDIS_HTTP_TOKEN", None)
         if token is not None:
@@ -76,6 +83,7 @@ class HttpServer:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            preexec_fn=None if open_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files)),
         )
         server = cls(proc)
         await server.wait_log(SERVING, 60)

@@ -95,8 +95,9 @@ fn python_env() -> Result<PathBuf, String> {
 }
 
 /// Debian packages the tests need beyond the Rust toolchain: `python3-venv` for the MCP
-/// client's venv and `strace` for the durability tests. Installed with apt-get when
-/// missing and this runs as root (as CI does); otherwise the error says what to install.
+/// client's venv, `strace` for the durability tests, `nginx` and `caddy` for the tests of
+/// README's proxy recipes (`deploy/`). Installed with apt-get when missing and this runs
+/// as root (as CI does); otherwise the error says what to install.
 fn system_packages() -> Result<(), String> {
     let works = |program: &str, args: &[&str]| {
         Command::new(program)
@@ -110,6 +111,12 @@ fn system_packages() -> Result<(), String> {
     }
     if !works("strace", &["-V"]) {
         missing.push("strace");
+    }
+    if !works("nginx", &["-v"]) && !works("/usr/sbin/nginx", &["-v"]) {
+        missing.push("nginx");
+    }
+    if !works("caddy", &["version"]) {
+        missing.push("caddy");
     }
     if missing.is_empty() {
         return Ok(());
@@ -129,7 +136,10 @@ fn system_packages() -> Result<(), String> {
     update.args(["update", "-qq"]);
     status(update, "apt-get update")?;
     let mut install = Command::new("apt-get");
-    install.args(["install", "-y", "-qq"]).args(&missing);
+    install
+        .args(["install", "-y", "-qq"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive");
     status(install, &format!("apt-get install {}", missing.join(" ")))
 }
 

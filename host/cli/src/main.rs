@@ -170,6 +170,21 @@ struct RunArgs {
     /// (repeatable), e.g. https://agent.example.com.
     #[arg(long, value_name = "ORIGIN", requires = "http")]
     allow_origin: Vec<String>,
+    /// A `Host` name allowed besides the loopback ones (repeatable): the public name a
+    /// reverse proxy passes on, e.g. agent.example.com.
+    #[arg(long, value_name = "NAME", requires = "http")]
+    allow_host: Vec<String>,
+    /// This host's name in session ids (`NAME.<uuid>`), so a proxy in front of several
+    /// hosts routes each session to the host that made it.
+    #[arg(long, value_name = "NAME", requires = "http", value_parser = instance_name)]
+    instance: Option<String>,
+    /// The most HTTP sessions at once; a new one past it is answered 503.
+    #[arg(long, value_name = "N", default_value_t = 1024, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions: u64,
+    /// The most HTTP connections at once; past it a connection that has made no
+    /// authenticated request makes room, else the new one is answered 503.
+    #[arg(long, value_name = "N", default_value_t = 1024, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
     /// End an HTTP session after this many seconds without requests.
     #[arg(long, value_name = "SECS", default_value_t = 900, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
     idle_timeout: u64,
@@ -177,6 +192,11 @@ struct RunArgs {
     /// they are cancelled (a running command is killed).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     shutdown_timeout: u64,
+}
+
+/// `--instance`: a name session ids may start with.
+fn instance_name(name: &str) -> Result<String, String> {
+    cordis_cli::http::sessions::check_instance(name).map(|()| name.to_string())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -772,6 +792,14 @@ fn run(mut host: Host, state_dir: &std::path::Path, args: RunArgs) -> anyhow::Re
                     state_dir: state_dir.to_path_buf(),
                     allow_origins: args.allow_origin,
                     idle_timeout: std::time::Duration::from_secs(args.idle_timeout),
+                    allow_hosts: args.allow_host,
+                    instance: args.instance,
+                    max_sessions: usize::try_from(args.max_sessions).unwrap_or(usize::MAX),
+                    bounds: cordis_cli::http::connections::Bounds {
+                        max_connections: usize::try_from(args.max_connections)
+                            .unwrap_or(usize::MAX),
+                        ..Default::default()
+                    },
                 };
                 serve_http(runtime.clone(), options, http, notifier, shutdown)
                     .await

@@ -297,6 +297,11 @@ impl Hub {
         self.ping_every.is_some()
     }
 
+    /// The MCP connections alive (over HTTP: the MCP sessions).
+    pub(crate) fn connections(&self) -> usize {
+        lock(&self.live).len()
+    }
+
     /// Whether the server stopped taking calls.
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)

@@ -10,7 +10,12 @@
 //!   directory whose path is logged;
 //! - a loopback bind by default; a non-loopback bind only with an operator's token;
 //! - `Origin` is validated (DNS-rebinding protection; `403` otherwise) and, on loopback,
-//!   so is `Host`;
+//!   so is `Host` (loopback names, plus each `--allow-host` for a proxy that passes the
+//!   client's);
+//! - connections and sessions are bounded ([`connections`]; `--max-sessions`): past a cap
+//!   the answer is `503` with `Retry-After`;
+//! - with `--instance NAME` every session id starts with `NAME.` ([`sessions`]), so a
+//!   proxy routes a session's requests to the host that made it;
 //! - sessions end on `DELETE`, after an idle timeout, and at shutdown, and a session's
 //!   calls are cancelled when it ends (a running command is killed);
 //! - SIGTERM stops taking new sessions and calls, gives the calls in flight a deadline,
@@ -25,8 +30,8 @@ use anyhow::Context as _;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use connections::{Bounds, Connection, Table};
 use http::{header, StatusCode};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +39,9 @@ use tokio_util::sync::CancellationToken;
 use cordis_engine::runtime::Runtime;
 
 use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
+
+pub mod connections;
+pub mod sessions;
 
 /// The environment variable an operator's bearer token comes from.
 pub const TOKEN_ENV: &str = "CORDIS_HTTP_TOKEN";
@@ -60,6 +68,14 @@ pub struct HttpOptions {
     pub allow_origins: Vec<String>,
     /// A session without requests for this long ends.
     pub idle_timeout: Duration,
+    /// `Host` names allowed besides the loopback ones (a proxy's public name).
+    pub allow_hosts: Vec<String>,
+    /// This host's name in session ids (`NAME.<uuid>`), for a proxy to route by.
+    pub instance: Option<String>,
+    /// Sessions at once.
+    pub max_sessions: usize,
+    /// The bounds of the connections.
+    pub bounds: Bounds,
 }
 
 /// Serves MCP over HTTP until `shutdown` resolves; the calls in flight then run until its
@@ -99,8 +115,7 @@ pub async fn serve_http(
         .context("cannot read the listening address")?;
 
     let sessions_end = CancellationToken::new();
-    let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(options.idle_timeout);
+    let sessions = sessions::Sessions::new(options.instance.as_deref(), options.idle_timeout);
     let mut origins: Vec<String> = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
         .into_iter()
         .map(String::from)
@@ -111,13 +126,20 @@ pub async fn serve_http(
         .with_allowed_origins(origins)
         .enforce_origin_validation();
     config = if loopback {
-        config.with_allowed_hosts(["localhost", "127.0.0.1", "::1", "[::1]"])
+        let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1", "[::1]"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        hosts.extend(options.allow_hosts.iter().cloned());
+        config.with_allowed_hosts(hosts)
+    } else if !options.allow_hosts.is_empty() {
+        config.with_allowed_hosts(options.allow_hosts.clone())
     } else {
         // Reached by name or address from elsewhere (and behind proxies): the token guards.
         config.disable_allowed_hosts()
     };
     let factory_hub = hub.clone();
-    let service: StreamableHttpService<McpServer, LocalSessionManager> = StreamableHttpService::new(
+    let service: StreamableHttpService<McpServer, sessions::Sessions> = StreamableHttpService::new(
         move || Ok(McpServer::attach(factory_hub.clone())),
         Arc::new(sessions),
         config,
@@ -125,7 +147,10 @@ pub async fn serve_http(
     let app = axum::Router::new()
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(
-            hub.clone(),
+            Arc::new(Gate {
+                hub: hub.clone(),
+                max_sessions: options.max_sessions,
+            }),
             session_gate,
         ))
         .layer(axum::middleware::from_fn_with_state(
@@ -135,20 +160,12 @@ pub async fn serve_http(
 
     let forward = hub.forward_tool_changes(&notifier);
     let stop_accepting = CancellationToken::new();
-    // Answers are written in several small pieces (headers, an event, the end of the
-    // stream): without TCP_NODELAY, Nagle's algorithm holds the last one back until the
-    // client's delayed acknowledgement, 40 ms later.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
-        }
-    });
-    let server = tokio::spawn(std::future::IntoFuture::into_future(
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(stop_accepting.clone().cancelled_owned()),
+    let server = tokio::spawn(connections::serve(
+        listener,
+        app,
+        options.bounds,
+        Arc::new(Table::default()),
+        stop_accepting.clone(),
     ));
     tracing::info!(
         "serving MCP over Streamable HTTP at http://{local}{MCP_PATH} (sessions end after {} s idle)",
@@ -170,8 +187,7 @@ pub async fn serve_http(
         Err(_) => tokio::time::timeout(Duration::from_secs(5), server).await,
     };
     match finished {
-        Ok(Ok(Ok(()))) | Err(_) => Ok(()),
-        Ok(Ok(Err(e))) => Err(anyhow::Error::new(e).context("the HTTP server failed")),
+        Ok(Ok(())) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(anyhow::Error::new(e).context("the HTTP server failed")),
     }
 }
@@ -193,6 +209,9 @@ async fn require_token(
         .and_then(|v| v.strip_prefix("Bearer "));
     match presented {
         Some(token) if bool::from(token.as_bytes().ct_eq(expected.0.as_bytes())) => {
+            if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
+                connection.prove();
+            }
             next.run(request).await
         }
         presented => {
@@ -206,9 +225,10 @@ async fn require_token(
                     "no bearer token"
                 }
             );
+            // The connection closes with the answer: holding one takes a token.
             (
                 StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
+                [(header::WWW_AUTHENTICATE, "Bearer"), (header::CONNECTION, "close")],
                 format!("a bearer token is required: send `Authorization: Bearer <token>` with the server's token ({TOKEN_ENV}, or the token file it logged at start)\n"),
             )
                 .into_response()
@@ -216,16 +236,23 @@ async fn require_token(
     }
 }
 
-/// While the server shuts down no session starts (`503`). A session the client ended
-/// (`DELETE`, accepted) has its calls cancelled at once; the transport itself would let
-/// them run while it drains.
-async fn session_gate(State(hub): State<Arc<Hub>>, request: Request, next: Next) -> Response {
+/// What decides whether a session may start.
+struct Gate {
+    hub: Arc<Hub>,
+    max_sessions: usize,
+}
+
+/// While the server shuts down, or while `--max-sessions` sessions are live, no session
+/// starts (`503` with `Retry-After`). A session the client ended (`DELETE`, accepted) has
+/// its calls cancelled at once; the transport itself would let them run while it drains.
+async fn session_gate(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
     let session = request
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    if session.is_none() && hub.is_closing() {
+    let starts = session.is_none() && request.method() == http::Method::POST;
+    if starts && gate.hub.is_closing() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],
@@ -233,10 +260,27 @@ async fn session_gate(State(hub): State<Arc<Hub>>, request: Request, next: Next)
         )
             .into_response();
     }
+    let live = gate.hub.connections();
+    if starts && live >= gate.max_sessions {
+        tracing::warn!(
+            live,
+            "refused a new session: {} sessions are live, the most this server keeps (--max-sessions) (503)",
+            gate.max_sessions
+        );
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            format!(
+                "the server has {live} sessions live, the most it keeps (--max-sessions {}); retry when one has ended\n",
+                gate.max_sessions
+            ),
+        )
+            .into_response();
+    }
     let ending = session.filter(|_| request.method() == http::Method::DELETE);
     let response = next.run(request).await;
     if let Some(id) = ending.filter(|_| response.status().is_success()) {
-        hub.end_mcp_session(&id);
+        gate.hub.end_mcp_session(&id);
     }
     response
 }
