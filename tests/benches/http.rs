@@ -7,7 +7,9 @@
 //! - the same while a plugin library (`dsh-tool-fs`, which serves `read`) is hot-reloaded
 //!   every second;
 //! - the baselines, in the same run: the same `read` over stdio and over HTTP by one
-//!   client alone, and the 64 read clients without the bash clients.
+//!   client alone, and the 64 read clients without the bash clients;
+//! - the stateless 2026-07-28 protocol against the session protocol: one client, and 64
+//!   clients, each carrying its session's handle.
 //!
 //! Run with `cargo bench -p cordis-e2e --bench http`. The load generator shares the machine's
 //! cores with the server. Latencies of whole requests are timed directly (criterion's
@@ -77,16 +79,27 @@ impl Server {
     }
 }
 
-/// One MCP client over one keep-alive HTTP/1.1 connection, in one MCP session.
+/// Which protocol a client speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// `initialize`, then every request in its MCP session.
+    Session,
+    /// 2026-07-28: every request stands alone, naming its cordis session's handle.
+    Stateless,
+}
+
+/// One MCP client over one keep-alive HTTP/1.1 connection, in one session.
 struct Client {
     send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     addr: String,
+    protocol: Protocol,
+    /// The MCP session id, or the handle of the cordis session (stateless).
     session: String,
     next_id: u64,
 }
 
 impl Client {
-    async fn connect(addr: &str) -> Client {
+    async fn connect(addr: &str, protocol: Protocol) -> Client {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
             .expect("connect to the server");
@@ -99,9 +112,13 @@ impl Client {
         let mut client = Client {
             send,
             addr: addr.to_string(),
+            protocol,
             session: String::new(),
             next_id: 0,
         };
+        if protocol == Protocol::Stateless {
+            return client;
+        }
         let (status, session, _) = client
             .post(
                 &serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
@@ -124,7 +141,15 @@ impl Client {
             .header("authorization", format!("Bearer {TOKEN}"))
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
-        if !self.session.is_empty() {
+        if self.protocol == Protocol::Stateless {
+            request = request
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", message["method"].as_str().unwrap_or_default())
+                .header(
+                    "mcp-name",
+                    message["params"]["name"].as_str().unwrap_or_default(),
+                );
+        } else if !self.session.is_empty() {
             request = request
                 .header("mcp-session-id", &self.session)
                 .header("mcp-protocol-version", "2025-11-25");
@@ -153,10 +178,22 @@ impl Client {
     async fn call(&mut self, tool: &str, args: &serde_json::Value) -> bool {
         self.next_id += 1;
         let id = self.next_id;
+        let mut params = serde_json::json!({"name": tool, "arguments": args});
+        if self.protocol == Protocol::Stateless {
+            let mut meta = serde_json::json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "0"},
+            });
+            if !self.session.is_empty() {
+                meta["cordis/session"] = serde_json::json!(self.session);
+            }
+            params["_meta"] = meta;
+        }
         let (status, _, body) = self
             .post(
                 &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": tool, "arguments": args}}),
+                "params": params}),
             )
             .await;
         // The answer is an SSE event `data: {json}` (or a JSON body).
@@ -166,11 +203,20 @@ impl Client {
             .chain(std::iter::once(body.as_str()))
             .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.trim()).ok())
             .find(|v| v["id"] == id);
+        if let Some(handle) = answer
+            .as_ref()
+            .and_then(|a| a["result"]["_meta"]["cordis/session"].as_str())
+        {
+            self.session = handle.to_string();
+        }
         status == 200
             && answer.is_some_and(|a| a["result"]["isError"] == false && a["result"].is_object())
     }
 
     async fn delete(mut self) {
+        if self.protocol == Protocol::Stateless {
+            return;
+        }
         let request = hyper::Request::delete("/mcp")
             .header("host", &self.addr)
             .header("authorization", format!("Bearer {TOKEN}"))
@@ -200,6 +246,7 @@ fn load(
     server: &Server,
     (readers, reads, bashers): (usize, usize, usize),
     reload: Option<(&std::path::Path, &std::path::Path)>,
+    protocol: Protocol,
 ) -> Outcome {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -210,11 +257,11 @@ fn load(
         let sessions = readers + bashers;
         let mut read_clients = Vec::new();
         for _ in 0..readers {
-            read_clients.push(Client::connect(&server.addr).await);
+            read_clients.push(Client::connect(&server.addr, protocol).await);
         }
         let mut bash_clients = Vec::new();
         for _ in 0..bashers {
-            bash_clients.push(Client::connect(&server.addr).await);
+            bash_clients.push(Client::connect(&server.addr, protocol).await);
         }
         let sessions_kib = resident_kib(server.pid());
         let done = Arc::new(AtomicBool::new(false));
@@ -361,7 +408,7 @@ fn main() {
 
     // Each load on a fresh server, so its memory per session is its own.
     let fresh = || Server::start(&s, &["--no-watch"]);
-    let alone = load(&fresh(), (1, STDIO_READS, 0), None);
+    let alone = load(&fresh(), (1, STDIO_READS, 0), None, Protocol::Session);
     let http_p50 = report(
         "HTTP, one client (the same reads)",
         alone,
@@ -371,13 +418,39 @@ fn main() {
         ("stdio, one client", stdio_p50),
         ("HTTP, one client", http_p50),
     ];
-    let reads_only = load(&fresh(), (READ_CLIENTS, READS, 0), None);
-    report(
+    let reads_only = load(&fresh(), (READ_CLIENTS, READS, 0), None, Protocol::Session);
+    let many_p50 = report(
         &format!("HTTP, {READ_CLIENTS} clients x {READS} reads, no bash"),
         reads_only,
         &baselines,
     );
-    let steady = load(&fresh(), (READ_CLIENTS, READS, BASH_CLIENTS), None);
+    // The stateless protocol against the session protocol, in this run.
+    let stateless_alone = load(&fresh(), (1, STDIO_READS, 0), None, Protocol::Stateless);
+    report(
+        "HTTP stateless (2026-07-28), one client (the same reads)",
+        stateless_alone,
+        &[
+            ("HTTP session, one client", http_p50),
+            ("stdio, one client", stdio_p50),
+        ],
+    );
+    let stateless_many = load(
+        &fresh(),
+        (READ_CLIENTS, READS, 0),
+        None,
+        Protocol::Stateless,
+    );
+    report(
+        &format!("HTTP stateless (2026-07-28), {READ_CLIENTS} clients x {READS} reads"),
+        stateless_many,
+        &[(&format!("HTTP session, {READ_CLIENTS} clients"), many_p50)],
+    );
+    let steady = load(
+        &fresh(),
+        (READ_CLIENTS, READS, BASH_CLIENTS),
+        None,
+        Protocol::Session,
+    );
     report(
         &format!("HTTP, {READ_CLIENTS} clients x {READS} reads + {BASH_CLIENTS} bash clients"),
         steady,
@@ -397,6 +470,7 @@ fn main() {
         &server,
         (READ_CLIENTS, READS, BASH_CLIENTS),
         Some((&source, &target)),
+        Protocol::Session,
     );
     drop(server);
     report(

@@ -222,9 +222,12 @@ async def test_two_clients_with_their_own_roots_write_concurrently_each_in_its_o
     assert sorted(sessions) == sorted([str(a), str(b)]), server.logged()
 
 
-async def test_a_client_in_auto_mode_is_served_in_a_session(ws: Workspace, servers: list[HttpServer]) -> None:
-    """The default client probes `server/discover`; over HTTP the server offers no stateless
-    protocol, so the client falls back to `initialize` and gets a session (and its roots)."""
+async def test_a_client_in_auto_mode_speaks_2026_07_28_at_the_fallback_root(
+    ws: Workspace, servers: list[HttpServer]
+) -> None:
+    """The default client probes `server/discover` and, the server offering it, speaks the
+    stateless 2026-07-28 protocol: no roots there, so its session is at the fallback root (a
+    client that wants its own root connects with the handshake, as `connect` does)."""
     ws.manifest(CONFINED)
     q = ws.project("q")
     server = await start(servers, ws, "--allow-root", str(ws.root))
@@ -232,28 +235,12 @@ async def test_a_client_in_auto_mode_is_served_in_a_session(ws: Workspace, serve
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
         transport = streamable_http_client(server.url, http_client=http)
         async with Client(transport, mode="auto", list_roots_callback=roots_of(q)) as client:
-            assert client.protocol_version < "2026", client.protocol_version
+            assert client.protocol_version == "2026-07-28", client.protocol_version
             first = await client.call_tool("bash", {"command": "pwd"})
-            again = await client.call_tool("bash", {"command": "pwd"})
-            assert text(first).splitlines()[0] == str(q) == text(again).splitlines()[0], show(first)
-    assert len(re.findall(r"mcp session: ", server.logged())) == 1, server.logged()
-
-
-async def test_stateless_requests_are_refused_with_a_reason(ws: Workspace, servers: list[HttpServer]) -> None:
-    """A cordis session is an MCP session: a client pinned to the stateless 2026-07-28
-    protocol is told which versions the server speaks instead of being served sessionless."""
-    ws.manifest(CONFINED)
-    server = await start(servers, ws)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
-        transport = streamable_http_client(server.url, http_client=http)
-        async with Client(transport, mode="2026-07-28") as client:
-            with pytest.raises(MCPError) as refused:
-                await client.call_tool("write", {"path": "x.txt", "content": "x"})
-    assert "Unsupported protocol version" in str(refused.value), refused.value
-    supported = (refused.value.error.data or {}).get("supported", [])
-    assert "2025-11-25" in supported and "2026-07-28" not in supported, refused.value.error
-    assert not (ws.project("p") / "x.txt").exists()
+            assert text(first).splitlines()[0] == str(ws.project("p")), show(first)
+    async with connect(server.url, roots=[q]) as s:
+        where = await s.call_tool("bash", {"command": "pwd"})
+        assert text(where).splitlines()[0] == str(q), show(where)
 
 
 async def test_a_root_outside_the_allowed_set_falls_back_and_says_so(

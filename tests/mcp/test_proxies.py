@@ -19,12 +19,15 @@ from pathlib import Path
 import httpx2
 import pytest
 from conftest import CONFINED, Workspace, show, text
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from test_http import TOKEN, HttpServer, connect, initialize_request, servers  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX_RECIPE = REPO / "deploy/nginx/cordis.conf"
 CADDY_RECIPE = REPO / "deploy/caddy/Caddyfile"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HANDLE = "cordis/session"
 
 
 def free_port() -> int:
@@ -100,9 +103,10 @@ async def nginx(dir: Path, recipe: str) -> AsyncIterator[None]:
 
 
 async def test_two_hosts_behind_nginx_serve_every_session_to_the_end(ws: Workspace, servers: list[HttpServer]) -> None:
-    """README's scale-out, with its nginx file: 8 clients x 10 calls through nginx to two hosts.
-    Each session's requests reach the host that made it (by the instance name its id starts
-    with), so no session fails; both hosts get sessions."""
+    """README's scale-out, with its nginx file: 8 clients x 10 calls through nginx to two hosts,
+    and 4 clients on the stateless protocol x 10 calls. Each session's requests reach the host
+    that made it (by the instance name its id or handle starts with), so no session fails;
+    both hosts get sessions."""
     ws.manifest(CONFINED)
     ports = {8765: free_port(), 8771: free_port(), 8772: free_port()}
     hosts = []
@@ -123,11 +127,24 @@ async def test_two_hosts_behind_nginx_serve_every_session_to_the_end(ws: Workspa
                 listed = await s.call_tool("bash", {"command": "ls | wc -l"})
                 assert text(listed).splitlines()[0].strip() == "10", show(listed)
 
-        await asyncio.gather(*(client(i) for i in range(8)))
+        async def stateless_client(i: int) -> None:
+            """A 2026-07-28 client: its first call (no session) goes to any host; after that
+            it names its handle, in `_meta` and in the `Cordis-Session` header nginx routes by."""
+            async with httpx2.AsyncClient(headers=AUTH, timeout=httpx2.Timeout(30, read=300)) as http:
+                async with Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c:
+                    first = await c.call_tool("write", {"path": f"s{i}-0.txt", "content": f"s{i}"})
+                    assert not first.is_error, show(first)
+                    handle = first.meta[HANDLE]
+                    http.headers["Cordis-Session"] = handle
+                    for n in range(1, 10):
+                        r = await c.call_tool("write", {"path": f"s{i}-{n}.txt", "content": f"s{i}"}, meta={HANDLE: handle})
+                        assert not r.is_error and r.meta[HANDLE] == handle, show(r)
+
+        await asyncio.gather(*(client(i) for i in range(8)), *(stateless_client(i) for i in range(4)))
         for i in range(8):
             assert sorted(p.read_text() for p in ws.project(f"c{i}").iterdir()) == sorted(f"{i}-{n}" for n in range(10))
         made = [h.count(r"mcp session: ") for h in hosts]
-        assert sum(made) == 8 and all(n > 0 for n in made), made
+        assert sum(made) == 12 and all(n > 0 for n in made), made
         for h in hosts:
             assert h.count(r"\b404\b|Session not found|session terminated") == 0, h.logged()
 

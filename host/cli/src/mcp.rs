@@ -49,6 +49,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use cordis_engine::approval::Asker;
+
+pub(crate) mod handles;
 use cordis_engine::registry::UnknownTool;
 use cordis_engine::runtime::Runtime;
 
@@ -208,9 +210,13 @@ pub(crate) struct Hub {
     rooting: Rooting,
     /// A session to resume (stdio only).
     resume: Option<String>,
+    /// Over HTTP (only), how long a session lasts without requests.
+    idle: Option<Duration>,
     /// Over HTTP (only), how often a client with a call in flight is pinged (see
     /// [`Liveness`]).
     ping_every: Option<Duration>,
+    /// The sessions of 2026-07-28 clients over HTTP.
+    pub(crate) handles: handles::Handles,
     codec: RequestStateCodec,
     call_prefix: String,
     next: AtomicU64,
@@ -241,7 +247,9 @@ impl Hub {
             runtime,
             rooting: Rooting::new(options)?,
             resume: options.session.clone(),
+            idle: idle_timeout,
             ping_every: idle_timeout.map(|idle| (idle / 3).clamp(MIN_PING_EVERY, MAX_PING_EVERY)),
+            handles: handles::Handles::default(),
             codec,
             call_prefix: format!("mcp-{prefix}"),
             next: AtomicU64::new(1),
@@ -292,9 +300,15 @@ impl Hub {
         })
     }
 
-    /// Whether this hub serves HTTP, where a cordis session is an MCP session.
+    /// Whether this hub serves HTTP, where a cordis session is an MCP session (or, for a
+    /// 2026-07-28 client, a handle).
     fn over_http(&self) -> bool {
         self.ping_every.is_some()
+    }
+
+    /// How long an HTTP session lasts without requests.
+    fn idle_timeout(&self) -> Duration {
+        self.idle.unwrap_or(Duration::MAX)
     }
 
     /// The MCP connections alive (over HTTP: the MCP sessions).
@@ -748,6 +762,9 @@ struct Parked {
 struct ParkState {
     park: u64,
     call: String,
+    /// The session's handle, for a 2026-07-28 client over HTTP: its retry may name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    handle: Option<String>,
 }
 
 /// One connection (on HTTP: one MCP session) and its cordis session.
@@ -769,6 +786,8 @@ struct Shared {
     peer: std::sync::OnceLock<Peer<RoleServer>>,
     /// The MCP session id (HTTP), once a request carried it.
     mcp_session: std::sync::OnceLock<String>,
+    /// The handle of a 2026-07-28 client's session over HTTP ([`handles`]).
+    handle: std::sync::OnceLock<String>,
 }
 
 impl Shared {
@@ -831,6 +850,7 @@ impl McpServer {
             shown: Mutex::default(),
             peer: std::sync::OnceLock::new(),
             mcp_session: std::sync::OnceLock::new(),
+            handle: std::sync::OnceLock::new(),
         });
         lock(&shared.hub.live).insert(id, Arc::downgrade(&shared));
         McpServer { shared }
@@ -1011,7 +1031,10 @@ impl McpServer {
         context: &RequestContext<RoleServer>,
     ) -> CallToolResponse {
         let token = context.meta.get_progress_token();
-        let mut liveness = Liveness::new(self.shared.hub.ping_every);
+        // A 2026-07-28 client is never sent a request (a ping included); its call is
+        // cancelled when it drops the request's stream.
+        let mut liveness =
+            Liveness::new(self.shared.hub.ping_every.filter(|_| !is_modern(context)));
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1092,8 +1115,14 @@ impl McpServer {
         });
     }
 
+    /// What a parked call's state is bound to: the session, the tool and its arguments.
+    /// A 2026-07-28 session over HTTP is named by the handle sealed inside the state
+    /// instead, since its client's retry may not name it.
     fn binding(&self, session: &str, tool: &str, args: &serde_json::Value) -> Vec<u8> {
-        format!("{session}\0{tool}\0{args}").into_bytes()
+        match self.shared.handle.get() {
+            Some(_) => stateless_binding(tool, args),
+            None => format!("{session}\0{tool}\0{args}").into_bytes(),
+        }
     }
 
     fn park(
@@ -1117,6 +1146,7 @@ impl McpServer {
             &ParkState {
                 park,
                 call: running.call_id.clone(),
+                handle: self.shared.handle.get().cloned(),
             },
             &SealOptions::new().associated_data(&binding).ttl(PARK_TTL),
         );
@@ -1158,7 +1188,13 @@ impl McpServer {
         let binding = self.binding(&session.id, &request.name, args);
         let opened: Result<ParkState, _> = self.shared.hub.codec.open_json_with(state, &binding);
         let state = match opened {
-            Ok(s) => s,
+            Ok(s) if s.handle.as_ref() == self.shared.handle.get() => s,
+            Ok(_) => {
+                return error_result(
+                    "this approval answer does not belong to this call (another session's); call the tool again"
+                        .to_string(),
+                )
+            }
             Err(e) => {
                 return error_result(format!(
                     "this approval answer does not belong to this call ({e}); call the tool again"
@@ -1218,6 +1254,11 @@ impl McpServer {
         result.structured_content = structured;
         result
     }
+}
+
+/// [`McpServer::binding`] of a 2026-07-28 session over HTTP.
+fn stateless_binding(tool: &str, args: &serde_json::Value) -> Vec<u8> {
+    format!("stateless\0{tool}\0{args}").into_bytes()
 }
 
 fn error_result(text: String) -> CallToolResponse {
@@ -1393,15 +1434,10 @@ impl ServerHandler for McpServer {
         ))
     }
 
-    /// Over HTTP only the handshake-era versions: a cordis session is an MCP session, which
-    /// 2026-07-28 does without (its requests are stateless). A client that probes with
-    /// `server/discover` sees no modern version and falls back to `initialize`.
+    /// Every version, over stdio and HTTP: over HTTP a handshake-era client's session is
+    /// its MCP session, a 2026-07-28 client's is named by a handle ([`handles`]).
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
-        if self.shared.hub.over_http() {
-            ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE).into()
-        } else {
-            ProtocolVersion::KNOWN_VERSIONS.into()
-        }
+        ProtocolVersion::KNOWN_VERSIONS.into()
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -1443,25 +1479,26 @@ impl ServerHandler for McpServer {
             ));
         }
         let _in_flight = InFlight::enter(&hub.in_flight);
+        if hub.over_http() && is_modern(&context) {
+            let named = match (handles::named(&context)?, &request.request_state) {
+                // A retry with an approval answer: its state names the session.
+                (None, Some(state)) => hub.handle_in_state(state, &request),
+                (named, _) => named,
+            };
+            let (handle, server) = hub.stateless_session(named, handles::principal(&context))?;
+            let Some(session) = server.shared.session.get().cloned() else {
+                return Ok(error_result("the session has no root yet".into()));
+            };
+            let mut response = server.run(&session, request, &context).await;
+            handles::label(&mut response, &handle);
+            return Ok(response);
+        }
         self.learn_mcp_session(&context.extensions);
         let session = match self.session(&context).await {
             Ok(s) => s,
             Err(e) => return Ok(error_result(e)),
         };
-        let args = serde_json::Value::Object(request.arguments.clone().unwrap_or_default());
-        if let Some(state) = request.request_state.clone() {
-            return Ok(self
-                .resume(&session, &request, &state, &args, &context)
-                .await);
-        }
-        let with_progress = context.meta.get_progress_token().is_some();
-        let running = self.start_call(
-            &session,
-            request.name.to_string(),
-            args.clone(),
-            with_progress,
-        );
-        Ok(self.drive(running, &args, &context).await)
+        Ok(self.run(&session, request, &context).await)
     }
 
     fn accepted_subscription_filter(
@@ -1479,5 +1516,29 @@ impl ServerHandler for McpServer {
         context.cancelled().await;
         lock(&self.shared.hub.sinks).retain(|s| *s.id() != id);
         Ok(())
+    }
+}
+
+impl McpServer {
+    /// Runs `request` in `session`: a retry carrying an approval answer resumes its
+    /// parked call, anything else starts one.
+    async fn run(
+        &self,
+        session: &SessionInfo,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let args = serde_json::Value::Object(request.arguments.clone().unwrap_or_default());
+        if let Some(state) = request.request_state.clone() {
+            return self.resume(session, &request, &state, &args, context).await;
+        }
+        let with_progress = context.meta.get_progress_token().is_some();
+        let running = self.start_call(
+            session,
+            request.name.to_string(),
+            args.clone(),
+            with_progress,
+        );
+        self.drive(running, &args, context).await
     }
 }

@@ -5,9 +5,10 @@
 //! front of it and runs it:
 //!
 //! - every request carries `Authorization: Bearer <token>` (compared in constant time; a
-//!   missing or wrong one is answered `401` and logged without the token). The token is
-//!   `CORDIS_HTTP_TOKEN`, else generated at start into a `0600` file in the state
-//!   directory whose path is logged;
+//!   missing or wrong one is answered `401` and logged without the token). The tokens are
+//!   `CORDIS_HTTP_TOKEN` (one, or several separated by commas: one per client, whose
+//!   2026-07-28 sessions are then theirs alone), else one generated at start into a `0600`
+//!   file in the state directory whose path is logged;
 //! - a loopback bind by default; a non-loopback bind only with an operator's token;
 //! - `Origin` is validated (DNS-rebinding protection; `403` otherwise) and, on loopback,
 //!   so is `Host` (loopback names, plus each `--allow-host` for a proxy that passes the
@@ -38,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use cordis_engine::runtime::Runtime;
 
+use crate::mcp::handles::Principal;
 use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
 
 pub mod connections;
@@ -88,10 +90,21 @@ pub async fn serve_http(
     shutdown: impl Shutdown,
 ) -> anyhow::Result<()> {
     let loopback = options.addr.ip().is_loopback();
-    let token = match &options.token {
-        Some(token) => {
-            check_token(token)?;
-            token.clone()
+    let tokens = match &options.token {
+        Some(tokens) => {
+            let tokens: Vec<String> = tokens
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from)
+                .collect();
+            if tokens.is_empty() {
+                check_token("")?;
+            }
+            for token in &tokens {
+                check_token(token)?;
+            }
+            tokens
         }
         None if !loopback => anyhow::bail!(
             "refusing to listen on {} without a bearer token: a non-loopback address is reachable from other machines; set {TOKEN_ENV} to a secret of at least 16 characters, or listen on 127.0.0.1 behind a reverse proxy",
@@ -103,10 +116,26 @@ pub async fn serve_http(
                 "generated a bearer token for this run into {} (mode 0600); clients send `Authorization: Bearer <token>`; set {TOKEN_ENV} to choose it",
                 file.display()
             );
-            token
+            vec![token]
         }
     };
     let hub = Hub::new(runtime, &mcp, Some(options.idle_timeout))?;
+    hub.handles
+        .configure(options.instance.as_deref(), options.max_sessions);
+    // The sessions of 2026-07-28 clients end after the idle timeout too.
+    let sweeper = {
+        let hub = Arc::downgrade(&hub);
+        let every =
+            (options.idle_timeout / 4).clamp(Duration::from_millis(250), Duration::from_secs(30));
+        let idle = options.idle_timeout;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(hub) = hub.upgrade() else { break };
+                hub.handles.sweep(idle);
+            }
+        })
+    };
     let listener = tokio::net::TcpListener::bind(options.addr)
         .await
         .with_context(|| format!("cannot listen on {}", options.addr))?;
@@ -154,7 +183,7 @@ pub async fn serve_http(
             session_gate,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(Bearer(token)),
+            Arc::new(Bearer(tokens)),
             require_token,
         ));
 
@@ -182,6 +211,7 @@ pub async fn serve_http(
     let finished = tokio::time::timeout(ANSWERS_FLUSH, &mut server).await;
     sessions_end.cancel();
     forward.abort();
+    sweeper.abort();
     let finished = match finished {
         Ok(finished) => Ok(finished),
         Err(_) => tokio::time::timeout(Duration::from_secs(5), server).await,
@@ -192,8 +222,8 @@ pub async fn serve_http(
     }
 }
 
-/// The expected bearer token.
-struct Bearer(String);
+/// The bearer tokens accepted (one per client, or one for all).
+struct Bearer(Vec<String>);
 
 /// Lets a request through only with the right bearer token.
 async fn require_token(
@@ -207,19 +237,29 @@ async fn require_token(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(token) if bool::from(token.as_bytes().ct_eq(expected.0.as_bytes())) => {
+    // Every token is compared, so the time taken does not tell which one nearly matched.
+    let matched = presented.and_then(|token| {
+        expected.0.iter().enumerate().fold(None, |found, (i, t)| {
+            let same = bool::from(token.as_bytes().ct_eq(t.as_bytes()));
+            found.or(same.then_some(i))
+        })
+    });
+    let presented = presented.is_some();
+    let mut request = request;
+    match matched {
+        Some(i) => {
             if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
                 connection.prove();
             }
+            request.extensions_mut().insert(Principal(i));
             next.run(request).await
         }
-        presented => {
+        None => {
             tracing::warn!(
                 %peer,
                 method = %request.method(),
                 "refused an HTTP request with {} (401)",
-                if presented.is_some() {
+                if presented {
                     "a wrong bearer token"
                 } else {
                     "no bearer token"
@@ -252,6 +292,9 @@ async fn session_gate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let starts = session.is_none() && request.method() == http::Method::POST;
+    // A 2026-07-28 request (it names its method in a header): its session, if it needs a
+    // new one, is bounded where it is made.
+    let stateless = request.headers().contains_key("mcp-method");
     if starts && gate.hub.is_closing() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -261,7 +304,7 @@ async fn session_gate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
             .into_response();
     }
     let live = gate.hub.connections();
-    if starts && live >= gate.max_sessions {
+    if starts && !stateless && live >= gate.max_sessions {
         tracing::warn!(
             live,
             "refused a new session: {} sessions are live, the most this server keeps (--max-sessions) (503)",
