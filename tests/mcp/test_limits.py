@@ -49,6 +49,15 @@ async def test_sessions_past_the_cap_are_refused_until_one_ends(ws: Workspace, s
             assert refused.status_code == 503, (refused.status_code, refused.text)
             assert refused.headers.get("retry-after") == "5"
             assert "3 sessions live" in refused.text and "--max-sessions 3" in refused.text, refused.text
+            # Headers of the stateless protocol do not make an `initialize` something else.
+            disguised = await asyncio.to_thread(
+                httpx2.post,
+                server.url,
+                json=initialize_request(),
+                headers={**AUTH, **ACCEPT, "Mcp-Method": "tools/list", "MCP-Protocol-Version": "2026-07-28"},
+                timeout=30,
+            )
+            assert disguised.status_code == 503, (disguised.status_code, disguised.text)
             # The sessions already live are served as before.
             r = await a.call_tool("bash", {"command": "echo still"})
             assert text(r).splitlines()[0] == "still", show(r)

@@ -54,6 +54,9 @@ pub const TOKEN_FILE: &str = "http-token";
 /// The path clients post to.
 pub const MCP_PATH: &str = "/mcp";
 
+/// The largest request body (rmcp's own bound).
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
 /// How long the connections have at shutdown to finish writing their answers.
 const ANSWERS_FLUSH: Duration = Duration::from_millis(500);
 
@@ -292,9 +295,6 @@ async fn session_gate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let starts = session.is_none() && request.method() == http::Method::POST;
-    // A 2026-07-28 request (it names its method in a header): its session, if it needs a
-    // new one, is bounded where it is made.
-    let stateless = request.headers().contains_key("mcp-method");
     if starts && gate.hub.is_closing() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -303,8 +303,32 @@ async fn session_gate(State(gate): State<Arc<Gate>>, request: Request, next: Nex
         )
             .into_response();
     }
+    // Whether the request is an `initialize`, which makes an MCP session (by its body: a
+    // header could say anything). A 2026-07-28 request's session, if it needs a new one,
+    // is bounded where it is made.
+    let (request, initialize) = if starts {
+        let (parts, body) = request.into_parts();
+        let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
+            Ok(bytes) => bytes,
+            Err(_) => {
+                return (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("a request body may hold at most {MAX_BODY} bytes\n"),
+                )
+                    .into_response()
+            }
+        };
+        let initialize = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .is_ok_and(|v| v["method"] == "initialize");
+        (
+            Request::from_parts(parts, axum::body::Body::from(bytes)),
+            initialize,
+        )
+    } else {
+        (request, false)
+    };
     let live = gate.hub.connections();
-    if starts && !stateless && live >= gate.max_sessions {
+    if initialize && live >= gate.max_sessions {
         tracing::warn!(
             live,
             "refused a new session: {} sessions are live, the most this server keeps (--max-sessions) (503)",

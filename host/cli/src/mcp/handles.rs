@@ -76,17 +76,18 @@ impl Handles {
 
 /// The handle a request names, from its `_meta` or its header (which must agree).
 pub(crate) fn named(context: &RequestContext<RoleServer>) -> Result<Option<String>, ErrorData> {
-    let in_meta =
-        match context.meta.get(HANDLE_META) {
-            None => None,
-            Some(serde_json::Value::String(s)) => Some(s.clone()),
-            Some(other) => return Err(ErrorData::invalid_params(
+    let in_meta = match context.meta.get(HANDLE_META) {
+        None => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(ErrorData::invalid_params(
                 format!(
                     "`_meta.\"{HANDLE_META}\"` must be a session handle (a string), not {other}"
                 ),
                 None,
-            )),
-        };
+            ))
+        }
+    };
     let in_header = context
         .extensions
         .get::<http::request::Parts>()
