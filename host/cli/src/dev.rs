@@ -18,107 +18,18 @@
 //! up to date with the sources.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher};
-use serde::Deserialize;
 
+use crate::cargo::{cargo, cargo_build_messages, cargo_metadata, Package};
 use crate::watch::{change_watcher, next_batch, reload_and_log, survive, Quiet};
 use cordis_engine::loader::{library_file_name, SearchPath};
 use cordis_engine::runtime::Runtime;
-
-/// What `cargo metadata --no-deps` says about a project (the fields used here).
-#[derive(Deserialize)]
-pub(crate) struct Metadata {
-    pub(crate) packages: Vec<Package>,
-    pub(crate) workspace_members: Vec<String>,
-    pub(crate) workspace_root: PathBuf,
-    pub(crate) target_directory: PathBuf,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct Package {
-    pub(crate) id: String,
-    pub(crate) name: String,
-    pub(crate) manifest_path: PathBuf,
-    pub(crate) targets: Vec<Target>,
-    #[serde(default)]
-    pub(crate) dependencies: Vec<Dependency>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct Dependency {
-    /// The package directory of a path dependency.
-    #[serde(default)]
-    pub(crate) path: Option<PathBuf>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct Target {
-    pub(crate) name: String,
-    pub(crate) kind: Vec<String>,
-}
-
-impl Target {
-    /// Whether cargo builds this target as a plugin library.
-    pub(crate) fn is_cdylib(&self) -> bool {
-        self.kind.iter().any(|k| k == "cdylib")
-    }
-}
-
-/// Asks `cargo metadata` about the project containing `dir`.
-pub(crate) fn cargo_metadata(dir: &Path) -> anyhow::Result<Metadata> {
-    let out = cargo()
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run `cargo metadata` (is cargo on PATH?)")?;
-    if !out.status.success() {
-        anyhow::bail!(
-            "`cargo metadata` in {} failed:\n{}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr).trim_end()
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("cannot read `cargo metadata` output")
-}
-
-/// Runs `cmd` (a cargo build) with `--message-format=json-render-diagnostics` added, its
-/// progress and rendered errors going to our stderr, and hands every JSON message to
-/// `each`; true when cargo reported a finished, successful build.
-pub(crate) fn cargo_build_messages(
-    mut cmd: Command,
-    mut each: impl FnMut(&serde_json::Value),
-) -> std::io::Result<bool> {
-    let mut child = cmd
-        .arg("--message-format=json-render-diagnostics")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let mut finished = None;
-    if let Some(stdout) = child.stdout.take() {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if msg["reason"] == "build-finished" {
-                finished = msg["success"].as_bool();
-            }
-            each(&msg);
-        }
-    }
-    let status = child.wait()?;
-    Ok(finished == Some(true) && status.success())
-}
 
 /// A workspace member that builds a plugin library.
 #[derive(Debug)]
@@ -185,11 +96,6 @@ impl Project {
             .filter(|p| p.symlink_metadata().is_ok())
             .collect()
     }
-}
-
-/// The cargo to run: the one that ran us (`cargo run`) when set, else `cargo` on `PATH`.
-pub(crate) fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
 /// One `cargo build` invocation: a profile and the packages to build in it.

@@ -5,6 +5,7 @@
 //! ([`plugins`]). A library only so the end-to-end tests, the benchmarks and the fuzz
 //! targets drive the same code; not an API.
 
+pub mod cargo;
 pub mod dev;
 pub mod http;
 pub mod mcp;

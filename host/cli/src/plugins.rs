@@ -16,7 +16,7 @@ use anyhow::{bail, Context as _};
 use cordis_engine::loader::{library_file_name, Library, LoadError, SearchPath};
 use cordis_sdk::abi::TOOLS_FROM_CONFIG;
 
-use crate::dev::{cargo_build_messages, cargo_metadata};
+use crate::cargo::{cargo_build_messages, cargo_metadata};
 
 /// What `install` did.
 #[derive(Debug)]
@@ -137,7 +137,7 @@ fn build_release(dir: &Path) -> anyhow::Result<PathBuf> {
         );
     };
     eprintln!("building `{}` (cargo build --release)", package.name);
-    let mut cmd = crate::dev::cargo();
+    let mut cmd = crate::cargo::cargo();
     cmd.args(["build", "--release", "--lib", "-p", &package.name])
         .arg("--manifest-path")
         .arg(&manifest);

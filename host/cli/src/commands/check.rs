@@ -1,0 +1,103 @@
+//! `cordis check`: validate the composition and print the plan (or `--explain CODE`).
+
+use std::process::ExitCode;
+
+use cordis_engine::plan::{Plan, Provider};
+use cordis_engine::Host;
+
+use super::Format;
+
+pub(crate) fn explain(code: &str) -> anyhow::Result<ExitCode> {
+    use cordis_engine::diag::{self, CODES};
+    let line = |c: &diag::Code| format!("{} ({}): {}", c.name, c.severity.as_str(), c.explanation);
+    if code.is_empty() {
+        for c in CODES {
+            println!("{}", line(c));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    match diag::code(code) {
+        Some(c) => {
+            println!("{}", line(c));
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            let names: Vec<&str> = CODES.iter().map(|c| c.name).collect();
+            let hint = match cordis_engine::manifest::closest(code, &names) {
+                Some(name) => format!("did you mean `{name}`?"),
+                None => "`cordis check --explain` lists every code".to_string(),
+            };
+            anyhow::bail!("no diagnostic code `{code}`; {hint}")
+        }
+    }
+}
+
+pub(crate) fn check(host: &Host, format: Format) -> anyhow::Result<ExitCode> {
+    let outcome = host.plan();
+    if format == Format::Json {
+        let items = match &outcome {
+            Ok(_) => serde_json::json!([]),
+            Err(d) => d.to_json(),
+        };
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(if outcome.is_ok() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let plan = outcome?;
+    print!("{}", describe_plan(&plan));
+    // The process ends now: unloading every library first would only cost time.
+    std::mem::forget(plan);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn describe_plan(plan: &Plan) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: valid composition, {} entr{} in apply order",
+        plan.file.display(),
+        plan.entries.len(),
+        if plan.entries.len() == 1 { "y" } else { "ies" }
+    );
+    for (i, p) in plan.entries.iter().enumerate() {
+        let m = &p.library.meta;
+        let _ = writeln!(
+            out,
+            "  {}. {} (plugin {} {}, line {})",
+            i + 1,
+            p.entry.id,
+            m.name,
+            m.version,
+            p.entry.pos.line
+        );
+        let _ = writeln!(out, "       file     {}", p.library.path.display());
+        for s in &m.provides {
+            let _ = writeln!(
+                out,
+                "       provides {} ({} v{})",
+                s.name, s.interface, s.version
+            );
+        }
+        for inj in &m.injects {
+            let from = match plan.providers.get(&inj.name) {
+                Some(Provider::Host) => "the host".to_string(),
+                Some(Provider::Entry(id)) => format!("entry {id}"),
+                None => "nothing (optional, absent)".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "       injects  {}{} <- {from}",
+                inj.name,
+                if inj.optional { " (optional)" } else { "" }
+            );
+        }
+    }
+    for d in &plan.disabled {
+        let _ = writeln!(out, "  -  {} (disabled, line {})", d.id, d.pos.line);
+    }
+    out
+}

@@ -1,0 +1,289 @@
+//! `cordis run`: apply the composition and serve its tools over MCP (stdio or HTTP), reloading changes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use cordis_cli::http::{serve_http, HttpOptions};
+use cordis_cli::mcp::{serve_stdio_with, McpOptions, ToolListNotifier};
+use cordis_cli::status::{self, HostStatus};
+use cordis_cli::watch::Quiet;
+use cordis_engine::loader::Copies;
+use cordis_engine::runtime::Runtime;
+use cordis_engine::Host;
+
+use super::tools::tool_names;
+
+#[derive(clap::Args)]
+pub(crate) struct RunArgs {
+    /// Do not watch cordis.yml and the plugin libraries for changes.
+    #[arg(long, conflicts_with = "dev")]
+    no_watch: bool,
+    /// Also watch the sources of the cargo project cordis.yml lives in, run `cargo build`
+    /// for the loaded plugins when one changes, and reload when the build finishes.
+    #[arg(long)]
+    dev: bool,
+    /// Wait this long (milliseconds) after a change to cordis.yml or a library that cargo
+    /// is not building before reloading [default: 30 for cordis.yml, 50 for a library;
+    /// a library cargo is building waits for the build to finish instead].
+    #[arg(long, value_name = "MS", conflicts_with = "no_watch", value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    reload_quiet: Option<u64>,
+    /// Serve this existing session instead of a new one (stdio only).
+    #[arg(long, conflicts_with_all = ["cwd", "http"])]
+    session: Option<String>,
+    /// Root new sessions here when the client names no allowed root [default: the current
+    /// directory].
+    #[arg(long)]
+    cwd: Option<PathBuf>,
+    /// A directory a client's root may lie in (repeatable); a session is rooted at the
+    /// client's first root when it is within one [default: only the --cwd directory].
+    #[arg(long, value_name = "DIR")]
+    allow_root: Vec<PathBuf>,
+    /// Serve MCP over Streamable HTTP at this address (e.g. 127.0.0.1:8765; port 0 picks
+    /// one) at path /mcp, instead of stdio. Clients need the bearer token: CORDIS_HTTP_TOKEN,
+    /// else one generated into the state directory (its path is logged).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// A browser origin allowed to call the HTTP server besides the loopback ones
+    /// (repeatable), e.g. https://agent.example.com.
+    #[arg(long, value_name = "ORIGIN", requires = "http")]
+    allow_origin: Vec<String>,
+    /// A `Host` name allowed besides the loopback ones (repeatable): the public name a
+    /// reverse proxy passes on, e.g. agent.example.com.
+    #[arg(long, value_name = "NAME", requires = "http")]
+    allow_host: Vec<String>,
+    /// This host's name in session ids (`NAME.<uuid>`), so a proxy in front of several
+    /// hosts routes each session to the host that made it.
+    #[arg(long, value_name = "NAME", requires = "http", value_parser = instance_name)]
+    instance: Option<String>,
+    /// The most HTTP sessions at once; a new one past it is answered 503.
+    #[arg(long, value_name = "N", default_value_t = 1024, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions: u64,
+    /// The most HTTP connections at once; past it a connection that has made no
+    /// authenticated request makes room, else the new one is answered 503.
+    #[arg(long, value_name = "N", default_value_t = 1024, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// End an HTTP session after this many seconds without requests.
+    #[arg(long, value_name = "SECS", default_value_t = 900, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout: u64,
+    /// On SIGTERM or SIGINT, give the calls in flight this many seconds to finish before
+    /// they are cancelled (a running command is killed).
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    shutdown_timeout: u64,
+}
+
+/// `--instance`: a name session ids may start with.
+pub(crate) fn instance_name(name: &str) -> Result<String, String> {
+    cordis_cli::http::sessions::check_instance(name).map(|()| name.to_string())
+}
+
+pub(crate) fn run(
+    mut host: Host,
+    state_dir: &std::path::Path,
+    args: RunArgs,
+) -> anyhow::Result<ExitCode> {
+    let copies_dir = status::run_dir(state_dir, std::process::id());
+    let manifest = host.manifest.clone();
+    if !args.no_watch {
+        // Every generation loads from its own copy, so a rebuilt file is a new library.
+        host.options.copies = Some(std::sync::Arc::new(Copies::new(&copies_dir)));
+    }
+    // With `--dev`, the libraries are brought up to date with the sources first.
+    let project = if args.dev {
+        let project = cordis_cli::dev::Projects::discover(&manifest, &host.options.search)
+            .context("`--dev` cannot start")?;
+        let trusted = project.trusted_paths();
+        tracing::warn!(
+            "dev: the plugin sources in {} are rebuilt and run UNCONFINED in this host; they and \
+             the target directory are protected from sandboxed sessions (read-only to them)",
+            trusted
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        host.protection.add(trusted);
+        if !project.build_for_manifest(&manifest, &host.options.search) {
+            tracing::error!("dev: the first build failed; starting with the libraries on disk");
+        }
+        Some(project)
+    } else {
+        None
+    };
+    // A session to resume must exist before anything is applied.
+    if let Some(id) = &args.session {
+        host.sessions
+            .get(id)
+            .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session"))?;
+    }
+    let runtime = Runtime::start(host);
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&copies_dir);
+            return Err(e);
+        }
+    };
+    let mut status = HostStatus::new(&manifest);
+    status.publish(&runtime.composition(), state_dir);
+    let status = Mutex::new(status);
+    let notifier = ToolListNotifier::default();
+    {
+        let notifier = notifier.clone();
+        let (weak, state_dir) = (Arc::downgrade(&runtime), state_dir.to_path_buf());
+        runtime.on_reloaded(move |report| {
+            if report.tools_changed {
+                notifier.notify_tools_changed();
+            }
+            let Some(runtime) = weak.upgrade() else {
+                return;
+            };
+            let mut status = status.lock().unwrap_or_else(|e| e.into_inner());
+            status.reloads += 1;
+            status.publish(&runtime.composition(), &state_dir);
+        });
+    }
+    let quiet = args.reload_quiet.map_or(Quiet::DEFAULT, |ms| {
+        Quiet::uniform(std::time::Duration::from_millis(ms))
+    });
+    let watching = || -> anyhow::Result<()> {
+        if !args.no_watch {
+            cordis_cli::watch::spawn(runtime.clone(), quiet)
+                .context("failed to watch for changes")?;
+        }
+        if let Some(project) = project {
+            cordis_cli::dev::spawn(runtime.clone(), project, quiet)
+                .context("`--dev` cannot start")?;
+        }
+        Ok(())
+    };
+    if let Err(e) = watching() {
+        runtime.shutdown();
+        let _ = std::fs::remove_dir_all(&copies_dir);
+        return Err(e);
+    }
+    // On stdio, one connection on one thread: the protocol's pipes, rmcp and the calls'
+    // completions never hand work between runtime threads. Over HTTP, many connections
+    // on every core. Tool calls run on the blocking pool either way.
+    let tokio = match args.http {
+        None => tokio::runtime::Builder::new_current_thread(),
+        Some(_) => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build()
+    .context("failed to start the async runtime")?;
+    let options = McpOptions {
+        session: args.session,
+        cwd: args.cwd,
+        allow_roots: args.allow_root,
+    };
+    let deadline = std::time::Duration::from_secs(args.shutdown_timeout);
+    let ended = tokio.block_on(async {
+        // Signals are handled from here on; only then is the host announced as running.
+        let mut signals = Signals::install()?;
+        {
+            let c = runtime.composition();
+            let plugins: Vec<String> = c
+                .plan
+                .entries
+                .iter()
+                .map(|p| format!("{} ({})", p.entry.id, p.library.meta.version))
+                .collect();
+            tracing::info!(
+                "cordis {} running {}: plugins: {}; services: {}; tools: {}",
+                env!("CARGO_PKG_VERSION"),
+                c.plan.file.display(),
+                if plugins.is_empty() {
+                    "-".to_string()
+                } else {
+                    plugins.join(", ")
+                },
+                c.registry
+                    .services
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                tool_names(&c.registry)
+            );
+        }
+        // The first signal stops taking calls; the calls in flight finish until the
+        // deadline or a second signal, then what remains is cancelled. (The first signal
+        // yields the future that gives up: it starts the deadline when it comes.)
+        #[allow(clippy::async_yields_async)]
+        let shutdown = async move {
+            let why = signals.next().await;
+            tracing::info!(
+                "{why}: taking no new calls; the calls in flight have {} s to finish (signal again to cancel them now)",
+                deadline.as_secs()
+            );
+            async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(deadline) => {}
+                    why = signals.next() => tracing::info!("{why} again: cancelling the calls in flight now"),
+                }
+            }
+        };
+        match args.http {
+            Some(addr) => {
+                let http = HttpOptions {
+                    addr,
+                    token: std::env::var(cordis_cli::http::TOKEN_ENV).ok(),
+                    state_dir: state_dir.to_path_buf(),
+                    allow_origins: args.allow_origin,
+                    idle_timeout: std::time::Duration::from_secs(args.idle_timeout),
+                    allow_hosts: args.allow_host,
+                    instance: args.instance,
+                    max_sessions: usize::try_from(args.max_sessions).unwrap_or(usize::MAX),
+                    bounds: cordis_cli::http::connections::Bounds {
+                        max_connections: usize::try_from(args.max_connections)
+                            .unwrap_or(usize::MAX),
+                        ..Default::default()
+                    },
+                };
+                serve_http(runtime.clone(), options, http, notifier, shutdown)
+                    .await
+                    .map(|()| "shut down")
+            }
+            None => serve_stdio_with(runtime.clone(), options, notifier, shutdown)
+                .await
+                .map(|()| "the connection ended"),
+        }
+    });
+    match &ended {
+        Ok(why) => tracing::info!("{why}; disposing"),
+        Err(e) => tracing::error!("{e:#}; disposing"),
+    }
+    // Not a plain drop: that waits for every blocking task, and the one reading stdin
+    // only returns at end of input, so a signal would leave the host hanging while the
+    // client keeps its end open.
+    tokio.shutdown_background();
+    runtime.shutdown();
+    let _ = std::fs::remove_dir_all(&copies_dir);
+    ended.map(|_| ExitCode::SUCCESS)
+}
+
+/// SIGTERM and SIGINT, handled from when they are installed.
+pub(crate) struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("failed to watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("failed to watch SIGINT")?,
+        })
+    }
+
+    /// The next signal.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "received SIGTERM",
+            _ = self.int.recv() => "received SIGINT",
+        }
+    }
+}
