@@ -1,0 +1,336 @@
+//! A tool call: started on a blocking thread with its cancel and progress pipes, driven
+//! to its result (progress, pings, approvals on the way), and rendered for the client.
+
+use super::*;
+
+/// An approval request from a tool thread, waiting for its answer.
+pub(super) struct Ask {
+    pub(super) request: ApprovalRequest,
+    pub(super) answer: std_mpsc::SyncSender<ApprovalOutcome>,
+}
+
+impl Ask {
+    pub(super) fn answer(self, outcome: ApprovalOutcome) {
+        let _ = self.answer.send(outcome);
+    }
+}
+
+/// A close-on-exec pipe with `flags` (e.g. `O_NONBLOCK`): (read end, write end).
+pub(super) fn pipe(flags: i32) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// What a tool thread hands back: its result and the model context right after it.
+pub(super) type Finished = (Result<ToolResult, UnknownTool>, String);
+
+/// A call's progress reports, one JSON line each ([`cordis_sdk::Progress`]).
+pub(super) type Feed = tokio::io::Lines<BufReader<tokio::net::unix::pipe::Receiver>>;
+
+/// A tool call in flight.
+pub(super) struct Running {
+    pub(super) call_id: String,
+    /// The session it runs in.
+    pub(super) session: String,
+    pub(super) tool: String,
+    pub(super) join: JoinHandle<Finished>,
+    pub(super) asks: mpsc::UnboundedReceiver<Ask>,
+    pub(super) started: Instant,
+    /// The tool's progress reports, while it may send any.
+    pub(super) feed: Option<Feed>,
+    /// What it reported last (each field as last reported).
+    pub(super) reported: cordis_sdk::Progress,
+}
+
+/// The next report of `feed`; `None` at its end.
+pub(super) async fn next_line(feed: &mut Option<Feed>) -> Option<String> {
+    match feed {
+        Some(lines) => lines.next_line().await.ok().flatten(),
+        None => None,
+    }
+}
+
+/// Over HTTP, a session with a call in flight is not idle, and a client that went away
+/// without ending its session (a dropped stream is not a cancellation) must still be
+/// noticed: while a call runs, the client is pinged every `every` and must answer within
+/// `every`. The pings keep the session from idling out; an unanswered one means the client
+/// is gone.
+pub(super) struct Liveness {
+    pub(super) every: Duration,
+    pub(super) next: tokio::time::Instant,
+    pub(super) pinging: Option<std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>>,
+}
+
+impl Liveness {
+    pub(super) fn new(every: Option<Duration>) -> Option<Self> {
+        every.map(|every| Liveness {
+            every,
+            next: tokio::time::Instant::now() + every,
+            pinging: None,
+        })
+    }
+}
+
+/// Resolves when the client stopped answering pings (never without `liveness`). Dropping
+/// it keeps a ping in flight for the next call.
+pub(super) async fn client_lost(liveness: &mut Option<Liveness>, peer: &Peer<RoleServer>) {
+    let Some(live) = liveness else {
+        return std::future::pending().await;
+    };
+    loop {
+        match &mut live.pinging {
+            None => {
+                tokio::time::sleep_until(live.next).await;
+                let (peer, every) = (peer.clone(), live.every);
+                live.pinging = Some(Box::pin(async move {
+                    let ping = rmcp::model::ServerRequest::PingRequest(Default::default());
+                    matches!(
+                        tokio::time::timeout(every, peer.send_request(ping)).await,
+                        Ok(Ok(_))
+                    )
+                }));
+            }
+            Some(ping) => {
+                let answered = ping.await;
+                live.pinging = None;
+                live.next = tokio::time::Instant::now() + live.every;
+                if !answered {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Tells the client how `running` is getting on: the seconds since it started (the
+/// progress, always increasing) and what it is doing.
+pub(super) async fn report(
+    context: &RequestContext<RoleServer>,
+    token: Option<&ProgressToken>,
+    running: &Running,
+    doing: &str,
+) {
+    let Some(token) = token else { return };
+    let elapsed = running.started.elapsed().as_secs_f64();
+    let mut message = format!("{}: {doing} for {elapsed:.0} s", running.tool);
+    if let Some(bytes) = running.reported.output_bytes {
+        message.push_str(&format!(", {bytes} bytes of output"));
+    }
+    if let Some(note) = &running.reported.message {
+        message.push_str(&format!("; {note}"));
+    }
+    let param =
+        ProgressNotificationParam::new(token.clone(), elapsed.floor()).with_message(message);
+    if let Err(e) = context.peer.notify_progress(param).await {
+        tracing::debug!("progress not delivered: {e}");
+    }
+}
+
+impl McpServer {
+    pub(super) fn start_call(
+        &self,
+        session: &SessionInfo,
+        tool: String,
+        args: serde_json::Value,
+        with_progress: bool,
+    ) -> Running {
+        let call_id = format!("{}-{}", self.shared.hub.call_prefix, self.next_id());
+        let (tx, asks) = mpsc::unbounded_channel();
+        lock(&self.shared.calls).insert(call_id.clone(), tx);
+        // The read end lives as long as the call; the write end as long as nobody cancels.
+        let cancel_rd = match pipe(0) {
+            Ok((rd, wr)) => {
+                lock(&self.shared.cancels).insert(call_id.clone(), wr);
+                Some(rd)
+            }
+            Err(e) => {
+                tracing::warn!("cannot create a cancel pipe; this call cannot be cancelled: {e}");
+                None
+            }
+        };
+        // The tool reports on the write end while it runs; it closes when the call ends.
+        let (feed, progress_wr) = match with_progress.then(|| pipe(libc::O_NONBLOCK)) {
+            Some(Ok((rd, wr))) => match tokio::net::unix::pipe::Receiver::from_owned_fd(rd) {
+                Ok(rd) => (Some(BufReader::new(rd).lines()), Some(wr)),
+                Err(e) => {
+                    tracing::warn!("cannot watch a progress pipe: {e}");
+                    (None, None)
+                }
+            },
+            Some(Err(e)) => {
+                tracing::warn!("cannot create a progress pipe: {e}");
+                (None, None)
+            }
+            None => (None, None),
+        };
+        let call = CallContext {
+            session: session.clone(),
+            call_id: call_id.clone(),
+            cancel_fd: cancel_rd.as_ref().map(|fd| fd.as_raw_fd()),
+            progress_fd: progress_wr.as_ref().map(|fd| fd.as_raw_fd()),
+        };
+        let runtime = self.shared.hub.runtime.clone();
+        let shared = Arc::downgrade(&self.shared);
+        let name = tool.clone();
+        let join = tokio::task::spawn_blocking(move || {
+            let result = runtime.call_tool(&name, &call, &args);
+            let context = runtime.model_context(Some(&call.session.id));
+            if let Some(shared) = shared.upgrade() {
+                lock(&shared.cancels).remove(&call.call_id);
+            }
+            drop(cancel_rd);
+            drop(progress_wr);
+            (result, context)
+        });
+        Running {
+            call_id,
+            session: session.id.clone(),
+            tool,
+            join,
+            asks,
+            started: Instant::now(),
+            feed,
+            reported: cordis_sdk::Progress::default(),
+        }
+    }
+
+    /// Drives a call to its result, answering its approval requests on the way; on a
+    /// 2026-07-28 connection an approval parks the call and returns `input_required`. With
+    /// a progress token, the client hears how the call is getting on every
+    /// [`PROGRESS_EVERY`] (also while an approval is pending).
+    pub(super) async fn drive(
+        &self,
+        mut running: Running,
+        args: &serde_json::Value,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let token = context.meta.get_progress_token();
+        // A 2026-07-28 client is never sent a request (a ping included); its call is
+        // cancelled when it drops the request's stream.
+        let mut liveness =
+            Liveness::new(self.shared.hub.ping_every.filter(|_| !is_modern(context)));
+        let mut ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                finished = &mut running.join => {
+                    lock(&self.shared.calls).remove(&running.call_id);
+                    return self.finish(&running.tool, finished).into();
+                }
+                Some(ask) = running.asks.recv() => {
+                    if !elicitation_supported(context) {
+                        ask.answer(ApprovalOutcome::Unavailable);
+                    } else if is_modern(context) {
+                        match self.park(running, ask, args) {
+                            Ok(input) => return input.into(),
+                            Err(text) => return error_result(text),
+                        }
+                    } else {
+                        let outcome = {
+                            let asking = elicit_now(&context.peer, &ask.request);
+                            tokio::pin!(asking);
+                            loop {
+                                tokio::select! {
+                                    outcome = &mut asking => break outcome,
+                                    _ = ticker.tick(), if token.is_some() => {
+                                        report(context, token.as_ref(), &running, "waiting for approval").await;
+                                    }
+                                    () = client_lost(&mut liveness, &context.peer) => {
+                                        break ApprovalOutcome::Cancelled;
+                                    }
+                                }
+                            }
+                        };
+                        ask.answer(outcome);
+                    }
+                }
+                line = next_line(&mut running.feed), if running.feed.is_some() => match line {
+                    Some(line) => {
+                        if let Ok(p) = serde_json::from_str::<cordis_sdk::Progress>(&line) {
+                            let last = &mut running.reported;
+                            last.output_bytes = p.output_bytes.or(last.output_bytes);
+                            last.message = p.message.or(last.message.take());
+                        }
+                    }
+                    None => running.feed = None,
+                },
+                _ = ticker.tick(), if token.is_some() => {
+                    report(context, token.as_ref(), &running, "running").await;
+                }
+                _ = context.ct.cancelled() => {
+                    self.detach(running, ApprovalOutcome::Cancelled);
+                    return error_result("the call was cancelled by the client".into());
+                }
+                () = client_lost(&mut liveness, &context.peer) => {
+                    tracing::info!(call = %running.call_id, "the client stopped answering pings; cancelling its call");
+                    self.detach(running, ApprovalOutcome::Cancelled);
+                    return error_result("the client stopped answering; the call was cancelled".into());
+                }
+            }
+        }
+    }
+
+    /// Lets a call finish in the background, answering its approvals with `outcome`; a
+    /// cancelled call is told so (a running command is killed).
+    pub(super) fn detach(&self, mut running: Running, outcome: ApprovalOutcome) {
+        if outcome == ApprovalOutcome::Cancelled {
+            lock(&self.shared.cancels).remove(&running.call_id);
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = &mut running.join => break,
+                    Some(ask) = running.asks.recv() => ask.answer(outcome),
+                }
+            }
+            lock(&shared.calls).remove(&running.call_id);
+        });
+    }
+
+    /// The tool's result as MCP content, with the model context when it changed.
+    pub(super) fn finish(
+        &self,
+        tool: &str,
+        finished: Result<Finished, tokio::task::JoinError>,
+    ) -> CallToolResult {
+        let (is_error, text, structured, context) = match finished {
+            Ok((Ok(r), context)) => (r.is_error, r.text, r.structured, Some(context)),
+            Ok((Err(unknown), context)) => (true, unknown.to_string(), None, Some(context)),
+            Err(e) => (true, format!("tool `{tool}` failed: {e}"), None, None),
+        };
+        let mut content = vec![ContentBlock::text(text)];
+        if let Some(context) = context {
+            let mut shown = lock(&self.shared.shown);
+            if *shown != context {
+                if !context.is_empty() {
+                    content.push(ContentBlock::text(format!("[model context]\n{context}")));
+                }
+                *shown = context;
+            }
+        }
+        let mut result = if is_error {
+            CallToolResult::error(content)
+        } else {
+            CallToolResult::success(content)
+        };
+        result.structured_content = structured;
+        result
+    }
+}
+
+pub(super) fn error_result(text: String) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(text)]).into()
+}
