@@ -223,10 +223,11 @@ impl Fence {
     /// dir (`TMPDIR`) only when it is not `/`, not `$HOME` or an ancestor of it, and holds
     /// none of the protected paths: a temp dir that would make the host's own files
     /// writable is left out, and [`Fence::left_out`] says why. Each root's identity is
-    /// recorded ([`Fence::identity`]) for whoever opens it to check. The policy's own roots
-    /// are canonical: one that resolves elsewhere now, or (the workspace root) is no longer
-    /// the directory of [`SandboxExecutionPolicy::workspace_root_id`], was moved and
-    /// replaced since it was checked, and the fence is refused ([`RootMoved`]).
+    /// recorded ([`Fence::identity`]) for whoever opens it to check. A workspace root whose
+    /// identity the policy gives ([`SandboxExecutionPolicy::workspace_root_id`], as the
+    /// policy owner always does) that no longer resolves to itself or is no longer that
+    /// directory was moved and replaced since it was checked: the fence is refused
+    /// ([`RootMoved`]).
     pub fn of(policy: &SandboxExecutionPolicy) -> Result<Fence, RootMoved> {
         let mut fence = Fence::default();
         let mut roots: Vec<(PathBuf, FileId)> = Vec::new();
@@ -235,13 +236,15 @@ impl Fence {
                 root: root.path.to_path_buf(),
                 now,
             };
+            // A root whose identity the policy gives is used only as that directory: it
+            // must still resolve to itself (no link swapped in) and be a directory.
+            let strict = root.expect.is_some();
             let canonical = match root.path.canonicalize() {
                 Ok(canonical) => canonical,
-                Err(e) if absent(&e) && root.expect.is_none() => return Ok(()),
-                Err(e) if root.own => return Err(moved(format!("it cannot be resolved: {e}"))),
+                Err(e) if strict => return Err(moved(format!("it cannot be resolved: {e}"))),
                 Err(_) => return Ok(()),
             };
-            if root.own && canonical != root.path {
+            if strict && canonical != root.path {
                 return Err(moved(format!(
                     "it now resolves to `{}`",
                     canonical.display()
@@ -251,8 +254,8 @@ impl Fence {
             // swapped for something else.
             let id = match canonical.symlink_metadata() {
                 Ok(meta) if meta.is_dir() => FileId::of(&meta),
-                Ok(_) if root.own => return Err(moved("it is not a directory".to_string())),
-                Err(e) if root.own => return Err(moved(e.to_string())),
+                Ok(_) if strict => return Err(moved("it is not a directory".to_string())),
+                Err(e) if strict => return Err(moved(e.to_string())),
                 _ => return Ok(()),
             };
             if root.expect.is_some_and(|want| want != id) {
@@ -266,15 +269,14 @@ impl Fence {
         add(
             Root {
                 path: &policy.workspace_root,
-                own: true,
                 expect: policy.workspace_root_id,
             },
             &mut roots,
         )?;
         for r in &policy.writable_roots {
-            add(Root::own(r), &mut roots)?;
+            add(Root::as_named(r), &mut roots)?;
         }
-        add(Root::ambient(Path::new("/tmp")), &mut roots)?;
+        add(Root::as_named(Path::new("/tmp")), &mut roots)?;
         let temp = std::env::temp_dir();
         let already = temp
             .canonicalize()
@@ -285,7 +287,7 @@ impl Fence {
                 "the temp dir `{}` (TMPDIR) is not a writable root: {why}",
                 temp.display()
             )),
-            None => add(Root::ambient(&temp), &mut roots)?,
+            None => add(Root::as_named(&temp), &mut roots)?,
         }
         let (roots, identities): (Vec<PathBuf>, Vec<FileId>) = roots.into_iter().unzip();
         let mut protected: Vec<PathBuf> = policy
@@ -346,28 +348,16 @@ impl Fence {
 /// A candidate writable root of [`Fence::of`].
 struct Root<'a> {
     path: &'a Path,
-    /// One of the policy's roots (canonical, so it must still resolve to itself).
-    own: bool,
-    /// The identity the policy owner verified, if it says.
+    /// The identity the policy owner verified, if it says: then the root is used only as
+    /// that directory.
     expect: Option<FileId>,
 }
 
 impl<'a> Root<'a> {
-    fn own(path: &'a Path) -> Root<'a> {
-        Root {
-            path,
-            own: true,
-            expect: None,
-        }
-    }
-
-    /// A temp area: resolved as it is (`/tmp` may be a link), dropped when missing.
-    fn ambient(path: &'a Path) -> Root<'a> {
-        Root {
-            path,
-            own: false,
-            expect: None,
-        }
+    /// A root used where it resolves now (dropped when missing): the temp areas, and the
+    /// extra roots, which the view pins where another root holds them.
+    fn as_named(path: &'a Path) -> Root<'a> {
+        Root { path, expect: None }
     }
 }
 

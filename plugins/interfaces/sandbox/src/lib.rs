@@ -844,11 +844,13 @@ mod tests {
         assert!(roots.contains(&std::env::temp_dir().canonicalize().unwrap()));
         let fence = Fence::of(&policy(&ws, Some(id))).unwrap();
         assert_eq!(fence.identity(&ws), Some(id));
-        // A policy's roots are canonical: one that resolves elsewhere was moved and
-        // replaced by a link (or named through one, which the policy owner never does).
+        // A root named through a link is used where it leads, unless the policy gives its
+        // identity: then it must be that directory by that name (the policy owner names
+        // it so; a link there now was swapped in).
         let alias = ws.with_file_name("alias");
         std::os::unix::fs::symlink(&ws, &alias).unwrap();
-        let moved = writable_roots(&policy(&alias, None)).unwrap_err();
+        assert_eq!(writable_roots(&policy(&alias, None)).unwrap()[0], ws);
+        let moved = writable_roots(&policy(&alias, Some(id))).unwrap_err();
         assert_eq!(moved.root, alias);
         assert!(moved.to_string().contains("now resolves to"), "{moved}");
         // The same path, another directory: refused when the identity is known, and
