@@ -463,9 +463,22 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
         warnings.len() == 1 && warnings[0].contains("run UNCONFINED in this host"),
         "{log}"
     );
-    // Only the plugin's project is trusted, not that of a path dependency (the SDK's).
-    let sdk = workspace_root().join("plugins/sdk").canonicalize().unwrap();
-    assert!(!warnings[0].contains(&sdk.display().to_string()), "{log}");
+    // The plugin's project is trusted and so is what its library is built from: the SDK,
+    // a path dependency (protected from sessions, its edits rebuilt). Not the projects
+    // of its dev-dependencies (`cordis-test` and the engine it loads plugins with), which
+    // serve only its tests.
+    let path = |rel: &str| {
+        workspace_root()
+            .join(rel)
+            .canonicalize()
+            .unwrap()
+            .display()
+            .to_string()
+    };
+    assert!(warnings[0].contains(&path("plugins/sdk")), "{log}");
+    for dev_only in ["plugins/test-support", "host/engine"] {
+        assert!(!warnings[0].contains(&path(dev_only)), "{dev_only}: {log}");
+    }
 }
 
 /// A plugin written outside this repository, from `cordis new`: it injects `fs` and

@@ -38,6 +38,19 @@ pub(crate) struct Dependency {
     /// The package directory of a path dependency.
     #[serde(default)]
     pub(crate) path: Option<PathBuf>,
+    /// `dev` or `build`; none for a normal dependency.
+    #[serde(default)]
+    pub(crate) kind: Option<String>,
+}
+
+impl Dependency {
+    /// The package directory of a path dependency a library build compiles (a normal or
+    /// build dependency; a dev-dependency serves only the tests).
+    pub(crate) fn built_path(&self) -> Option<&PathBuf> {
+        self.path
+            .as_ref()
+            .filter(|_| self.kind.as_deref() != Some("dev"))
+    }
 }
 
 #[derive(Deserialize)]

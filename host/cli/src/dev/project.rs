@@ -239,8 +239,8 @@ impl Project {
 }
 
 /// The package directories of the path dependencies of `members` (whose directories are
-/// `member_dirs`) that lie outside every member, following each one's own path
-/// dependencies in turn (`cargo metadata` of its package).
+/// `member_dirs`) that lie outside every member and that a library build compiles (not
+/// dev-dependencies), following each one's own in turn (`cargo metadata` of its package).
 pub(super) fn path_dependencies(
     members: &[&Package],
     member_dirs: &[PathBuf],
@@ -248,7 +248,11 @@ pub(super) fn path_dependencies(
     let outside = |dir: &PathBuf| !member_dirs.iter().any(|m| dir.starts_with(m));
     let mut queue: Vec<PathBuf> = members
         .iter()
-        .flat_map(|p| p.dependencies.iter().filter_map(|d| d.path.clone()))
+        .flat_map(|p| {
+            p.dependencies
+                .iter()
+                .filter_map(|d| d.built_path().cloned())
+        })
         .collect();
     let mut found: BTreeSet<PathBuf> = BTreeSet::new();
     while let Some(dir) = queue.pop() {
@@ -264,7 +268,12 @@ pub(super) fn path_dependencies(
                 .unwrap_or_else(|_| p.manifest_path.clone())
                 == manifest
         }) {
-            queue.extend(package.dependencies.iter().filter_map(|d| d.path.clone()));
+            queue.extend(
+                package
+                    .dependencies
+                    .iter()
+                    .filter_map(|d| d.built_path().cloned()),
+            );
         }
     }
     Ok(found.into_iter().collect())
@@ -413,7 +422,8 @@ mod tests {
 
     /// A member's path dependency outside the members, and that one's own, are found
     /// (cargo builds both into the library); a path dependency inside a member is not
-    /// listed again, and a registry dependency is none.
+    /// listed again, a registry dependency is none, and a dev-dependency (tests only) is
+    /// left out.
     #[test]
     fn path_dependencies_are_found_at_any_depth() {
         let tmp = tempfile::tempdir().unwrap();
@@ -432,9 +442,10 @@ mod tests {
         package("deeper", "");
         package("shared", "deeper = { path = \"../deeper\" }\n");
         package("plugin/inner", "");
+        package("testing", "");
         package(
             "plugin",
-            "shared = { path = \"../shared\" }\ninner = { path = \"inner\" }\nserde = \"1\"\n",
+            "shared = { path = \"../shared\" }\ninner = { path = \"inner\" }\nserde = \"1\"\n\n[dev-dependencies]\ntesting = { path = \"../testing\" }\n",
         );
         let project = Project::discover(&base.join("plugin")).unwrap();
         assert_eq!(project.member_dirs, [base.join("plugin")]);
