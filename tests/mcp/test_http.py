@@ -39,6 +39,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 TOKEN = "t0ken-for-the-http-tests-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SERVING = re.compile(r"serving MCP over Streamable HTTP at (http://\S+/mcp)")
 
 

@@ -11,9 +11,8 @@ import time
 
 import httpx2
 from conftest import CONFINED, Workspace, show, text
-from test_http import TOKEN, HttpServer, connect, initialize_request, servers, start  # noqa: F401
+from test_http import AUTH, HttpServer, connect, initialize_request, servers, start  # noqa: F401
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 
 

@@ -21,13 +21,12 @@ import pytest
 from conftest import CONFINED, Workspace, show, text
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from test_http import TOKEN, HttpServer, connect, initialize_request, servers  # noqa: F401
+from test_http import AUTH, HttpServer, connect, initialize_request, servers  # noqa: F401
+from test_stateless import HANDLE
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX_RECIPE = REPO / "deploy/nginx/cordis.conf"
 CADDY_RECIPE = REPO / "deploy/caddy/Caddyfile"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-HANDLE = "cordis/session"
 
 
 def free_port() -> int:

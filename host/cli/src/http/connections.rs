@@ -87,14 +87,8 @@ impl Table {
     /// connection has.
     fn admit(&self, cap: usize) -> Option<Arc<Connection>> {
         let mut open = self.lock();
-        if open.len() >= cap {
-            let oldest = open
-                .iter()
-                .find(|(_, c)| !c.is_proven())
-                .map(|(id, _)| *id)?;
-            if let Some(evicted) = open.remove(&oldest) {
-                evicted.close.cancel();
-            }
+        if open.len() >= cap && !evict_oldest_unproven(&mut open) {
+            return None;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Connection {
@@ -108,19 +102,24 @@ impl Table {
 
     /// Closes the oldest connection that has made no authenticated request, if any.
     fn evict_one(&self) -> bool {
-        let mut open = self.lock();
-        let oldest = open.iter().find(|(_, c)| !c.is_proven()).map(|(id, _)| *id);
-        match oldest.and_then(|id| open.remove(&id)) {
-            Some(evicted) => {
-                evicted.close.cancel();
-                true
-            }
-            None => false,
-        }
+        evict_oldest_unproven(&mut self.lock())
     }
 
     fn remove(&self, id: u64) {
         self.lock().remove(&id);
+    }
+}
+
+/// Closes and forgets the oldest of `open` that has made no authenticated request (ids
+/// grow with age); whether there was one.
+fn evict_oldest_unproven(open: &mut BTreeMap<u64, Arc<Connection>>) -> bool {
+    let oldest = open.iter().find(|(_, c)| !c.is_proven()).map(|(id, _)| *id);
+    match oldest.and_then(|id| open.remove(&id)) {
+        Some(evicted) => {
+            evicted.close.cancel();
+            true
+        }
+        None => false,
     }
 }
 

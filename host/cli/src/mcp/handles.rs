@@ -64,7 +64,7 @@ impl Handles {
             let mut map = lock(&self.map);
             let expired: Vec<String> = map
                 .iter()
-                .filter(|(_, h)| h.last.elapsed() >= idle && lock(&h.shared.cancels).is_empty())
+                .filter(|(_, h)| h.last.elapsed() >= idle && h.shared.is_idle())
                 .map(|(k, _)| k.clone())
                 .collect();
             expired.iter().filter_map(|k| map.remove(k)).collect()
@@ -232,7 +232,7 @@ impl Hub {
             let mut map = lock(&self.handles.map);
             let oldest = map
                 .iter()
-                .filter(|(_, h)| !h.continued && lock(&h.shared.cancels).is_empty())
+                .filter(|(_, h)| !h.continued && h.shared.is_idle())
                 .min_by_key(|(_, h)| h.last)
                 .map(|(k, _)| k.clone());
             oldest.and_then(|k| map.remove(&k))

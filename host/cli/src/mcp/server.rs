@@ -27,6 +27,11 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// Whether none of this connection's calls is running (a parked one counts as running).
+    pub(super) fn is_idle(&self) -> bool {
+        lock(&self.cancels).is_empty()
+    }
+
     /// Cancels every call of this connection in flight (the tools see end of file on their
     /// cancel descriptors; a running command is killed); how many there were.
     pub(super) fn cancel_calls(&self) -> usize {
