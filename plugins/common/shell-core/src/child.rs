@@ -163,15 +163,16 @@ impl Stage {
             Stage::Limits => {
                 "let cordis move its own child processes between cgroups (write access to the cgroup file system), or turn the limits off with `limits: {memoryMib: 0, processes: 0}`"
             }
-            Stage::RootIdentity => {
-                "another process renamed a writable root away and put something else in its place as the command started, so nothing ran; put the directory back, or start a new session in the directory you mean"
-            }
+            Stage::RootIdentity => ROOT_MOVED_HELP,
             Stage::Session | Stage::Loopback | Stage::Fork | Stage::Capabilities => {
                 "this should not fail on Linux; check the process limits (`ulimit -u`)"
             }
         }
     }
 }
+
+/// How to fix a writable root found replaced, when the command is prepared or as it starts.
+pub(crate) const ROOT_MOVED_HELP: &str = "another process renamed a writable root away and put something else in its place, so nothing ran; put the directory back, or start a new session in the directory you mean";
 
 /// A confined command's namespaces and mount view, built before the fork.
 pub(crate) struct SandboxSpec {

@@ -188,9 +188,7 @@ impl ConfineError {
                 "run on x86_64 or aarch64, or compose `dsh-bash-local` to run commands unconfined on purpose".to_string()
             }
             ConfineError::Setup { stage, .. } => stage.help().to_string(),
-            ConfineError::RootMoved(_) => {
-                "put the directory back, or start a new session in the directory you mean (another process renamed the root away and put something else in its place)".to_string()
-            }
+            ConfineError::RootMoved(_) => crate::child::ROOT_MOVED_HELP.to_string(),
             ConfineError::Ruleset { .. } | ConfineError::NotEnforced => format!(
                 "run on Linux 6.10 or newer with Landlock enabled (`landlock` in the `lsm=` boot parameter, Landlock ABI {} or newer), or compose `dsh-bash-local` to run commands unconfined on purpose",
                 PINNED_ABI as u32
