@@ -13,6 +13,7 @@ pub mod manifest;
 pub mod plan;
 pub mod protect;
 pub mod registry;
+mod reload;
 pub mod runtime;
 pub mod schema;
 pub mod sessions;

@@ -5,7 +5,6 @@
 //! finishes on the generation it started on, and calls that arrive during a reload wait for
 //! the swap and then go to the new generation.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -14,7 +13,7 @@ use cordis_sdk::{CallContext, Interface, Service, ToolResult};
 
 use crate::diag::Diagnostics;
 use crate::loader::Library;
-use crate::plan::{Plan, Planned, Provider};
+use crate::plan::Plan;
 use crate::registry::{ApplyError, Registry, UnknownTool};
 use crate::Host;
 
@@ -212,124 +211,48 @@ impl Runtime {
             .map_err(ReloadError::Invalid)?;
         drop(loaded);
 
-        let mut c = self.composition();
-        let old: HashMap<String, Planned> = c
-            .plan
-            .entries
-            .iter()
-            .map(|p| (p.entry.id.clone(), p.clone()))
-            .collect();
-        let new: HashMap<String, Planned> = new_plan
-            .entries
-            .iter()
-            .map(|p| (p.entry.id.clone(), p.clone()))
-            .collect();
-        let mut report = ReloadReport::default();
-        let mut restart: BTreeSet<String> = BTreeSet::new();
-        // In dependency order (providers first), as an apply would be.
-        for n in &new_plan.entries {
-            let id = &n.entry.id;
-            match old.get(id) {
-                None => report.added.push(id.clone()),
-                Some(o) if !Arc::ptr_eq(&o.library, &n.library) => {
-                    restart.insert(id.clone());
-                }
-                Some(o) if o.entry.config != n.entry.config => {
-                    match c.registry.reconfigure(id, &n.entry.config) {
-                        Ok(true) => report.reconfigured.push(id.clone()),
-                        Ok(false) => {
-                            restart.insert(id.clone());
-                        }
-                        Err(e) => {
-                            tracing::warn!(entry = %id, "reconfigure failed ({e}); restarting it");
-                            restart.insert(id.clone());
-                        }
-                    }
-                }
-                Some(_) => {}
-            }
-        }
-        report.removed = old
-            .keys()
-            .filter(|id| !new.contains_key(*id))
-            .cloned()
-            .collect();
-        let mut gone: BTreeSet<String> = restart.clone();
-        gone.extend(report.removed.iter().cloned());
-        let dependents = dependents_of(&c.plan, &gone)
-            .into_iter()
-            .chain(dependents_of(&new_plan, &gone))
-            .filter(|id| old.contains_key(id) && new.contains_key(id));
-        restart.extend(dependents.collect::<Vec<_>>());
-        // Taken in place, in the order they were taken: what a rollback must undo.
-        let reconfigured_in_place: Vec<String> = report
-            .reconfigured
-            .iter()
-            .filter(|id| !restart.contains(*id))
-            .cloned()
-            .collect();
-        report.added.sort();
-        report.removed.sort();
-        report.reconfigured.sort();
-
-        let to_dispose: Vec<String> = c
-            .plan
-            .entries
-            .iter()
-            .rev()
-            .map(|p| p.entry.id.clone())
-            .filter(|id| restart.contains(id) || report.removed.contains(id))
-            .collect();
-        let to_apply: Vec<&Planned> = new_plan
-            .entries
-            .iter()
-            .filter(|p| restart.contains(&p.entry.id) || report.added.contains(&p.entry.id))
-            .collect();
+        let mut guard = self.composition();
+        let c = &mut *guard;
         let tools_before = tool_infos(&c.registry);
-        for id in &to_dispose {
-            c.registry.dispose_entry(id);
-        }
-        let mut applied: Vec<String> = Vec::new();
-        for p in &to_apply {
-            if let Err(error) = c.registry.apply_entry(p) {
-                for id in applied.iter().rev() {
-                    c.registry.dispose_entry(id);
-                }
-                let mut rolled_back = true;
-                for id in to_dispose.iter().rev() {
-                    if let Err(e) = c.registry.apply_entry(&old[id]) {
-                        tracing::error!("rollback of entry `{id}` failed: {e}");
-                        rolled_back = false;
-                    }
-                }
-                let c = &mut *c;
-                for id in reconfigured_in_place.iter().rev() {
-                    if let Err(e) = restore_config(&mut c.registry, &c.plan, id) {
-                        tracing::error!("rollback of entry `{id}`'s config failed: {e}");
-                        rolled_back = false;
-                    }
-                }
-                return Err(ReloadError::Apply { error, rolled_back });
-            }
-            applied.push(p.entry.id.clone());
-        }
-        report.restarted = restart
-            .iter()
-            .map(|id| {
-                (
-                    id.clone(),
-                    old[id].library.generation,
-                    new[id].library.generation,
-                )
-            })
-            .collect();
+        let changes = crate::reload::replace(
+            &mut c.registry,
+            &crate::reload::shape(&c.plan),
+            &crate::reload::shape(&new_plan),
+        )
+        .map_err(|f| ReloadError::Apply {
+            error: f.error,
+            rolled_back: f.rolled_back,
+        })?;
+        let generation = |plan: &Plan, id: &str| {
+            plan.entries
+                .iter()
+                .find(|p| p.entry.id == id)
+                .map_or(0, |p| p.library.generation)
+        };
+        let mut report = ReloadReport {
+            restarted: changes
+                .restarted
+                .iter()
+                .map(|id| {
+                    (
+                        id.clone(),
+                        generation(&c.plan, id),
+                        generation(&new_plan, id),
+                    )
+                })
+                .collect(),
+            added: changes.added,
+            removed: changes.removed,
+            reconfigured: changes.reconfigured,
+            ..ReloadReport::default()
+        };
         report.tools_changed = tools_before != tool_infos(&c.registry);
         *c = Composition {
             libraries: Arc::new(new_plan.entries.iter().map(|p| p.library.clone()).collect()),
             plan: new_plan,
             registry: std::mem::take(&mut c.registry),
         };
-        drop(c);
+        drop(guard);
         report.millis = started.elapsed().as_millis();
         if !report.is_empty() {
             for listener in self
@@ -437,49 +360,4 @@ impl Runtime {
         };
         f(&held.value).map_err(|e| anyhow::anyhow!("{e}"))
     }
-}
-
-/// Gives entry `id`, which took a new config in place, its config in the running `plan`
-/// back: offered in place again, or, when the plugin refuses, by restarting the entry and
-/// its dependents on it.
-fn restore_config(registry: &mut Registry, plan: &Plan, id: &str) -> Result<(), ApplyError> {
-    let Some(previous) = plan.entries.iter().find(|p| p.entry.id == id) else {
-        return Ok(());
-    };
-    match registry.reconfigure(id, &previous.entry.config) {
-        Ok(true) => return Ok(()),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(entry = %id, "reconfigure back failed ({e}); restarting it"),
-    }
-    let mut ids = dependents_of(plan, &BTreeSet::from([id.to_string()]));
-    ids.insert(id.to_string());
-    let affected: Vec<&Planned> = plan
-        .entries
-        .iter()
-        .filter(|p| ids.contains(&p.entry.id))
-        .collect();
-    for p in affected.iter().rev() {
-        registry.dispose_entry(&p.entry.id);
-    }
-    for p in affected {
-        registry.apply_entry(p)?;
-    }
-    Ok(())
-}
-
-/// Every entry of `plan` that injects (transitively) a service provided by one of `ids`.
-fn dependents_of(plan: &Plan, ids: &BTreeSet<String>) -> BTreeSet<String> {
-    let mut out: BTreeSet<String> = BTreeSet::new();
-    let mut frontier: Vec<String> = ids.iter().cloned().collect();
-    while let Some(provider) = frontier.pop() {
-        for p in &plan.entries {
-            let injects_it = p.library.meta.injects.iter().any(|inj| {
-                plan.providers.get(&inj.name) == Some(&Provider::Entry(provider.clone()))
-            });
-            if injects_it && !ids.contains(&p.entry.id) && out.insert(p.entry.id.clone()) {
-                frontier.push(p.entry.id.clone());
-            }
-        }
-    }
-    out
 }
