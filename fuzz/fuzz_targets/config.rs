@@ -1,5 +1,5 @@
 //! Fuzz target `config`: a plugin config (YAML or JSON, a mapping as under `config:` in
-//! `cordis.yml`) → `schema::validate_config` against one bundled plugin's published config
+//! `cordis.yml`) → `validate_config` against one bundled plugin's published config
 //! schema (`schemas/<plugin>.schema.json`, chosen by the first input byte modulo 8: the
 //! ASCII digits `0`…`7` pick the plugins in alphabetical order) → every diagnostic
 //! rendered with the config text as its source.
@@ -9,9 +9,7 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use cordis_engine::diag::Pos;
-use cordis_engine::manifest::{self, Entry, Value as Yaml};
-use cordis_engine::schema;
+use cordis_engine::{parse_yaml, validate_config, Entry, Pos, YamlValue as Yaml};
 use libfuzzer_sys::fuzz_target;
 
 const SCHEMAS: &[(&str, &str)] = &[
@@ -66,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
-    let Ok(node) = manifest::parse_yaml(text) else {
+    let Ok(node) = parse_yaml(text) else {
         return;
     };
     // The manifest hands only mappings to validation (anything else is `config-type`).
@@ -83,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
         config_node: Some(node),
         disabled: false,
     };
-    for d in schema::validate_config(&entry, schema) {
+    for d in validate_config(&entry, schema) {
         let text = d.render(Path::new("config.yml"), Some(text));
         assert!(text.starts_with(&format!("error[{}]: ", d.code)), "{text}");
     }

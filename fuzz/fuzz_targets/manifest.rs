@@ -1,4 +1,4 @@
-//! Fuzz target `manifest`: `cordis.yml` text → `manifest::parse` → every diagnostic rendered
+//! Fuzz target `manifest`: `cordis.yml` text → `parse_manifest` → every diagnostic rendered
 //! (each one with the source, the `Diagnostics` display, and the JSON that
 //! `cordis check --format json` prints). A manifest that parses is also planned against an
 //! empty plugin directory, so every enabled entry is library-not-found and the plan's
@@ -9,18 +9,14 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
-use cordis_engine::diag::{hostile, Diagnostics};
-use cordis_engine::loader::SearchPath;
-use cordis_engine::manifest::{self, Manifest};
-use cordis_engine::plan::{self, PlanOptions};
-use cordis_engine::Host;
+use cordis_engine::{hostile, parse_manifest, Diagnostics, Host, Manifest, SearchPath};
 use libfuzzer_sys::fuzz_target;
 
 /// The manifest file planning reads, next to an empty plugin directory.
 struct Scratch {
     _dir: tempfile::TempDir,
     manifest: PathBuf,
-    options: PlanOptions,
+    host: Host,
 }
 
 fn scratch() -> &'static Scratch {
@@ -30,15 +26,15 @@ fn scratch() -> &'static Scratch {
         let plugins = dir.path().join("plugins");
         std::fs::create_dir(&plugins).expect("the empty plugin directory");
         let manifest = dir.path().join("cordis.yml");
-        // The host's own planning options (its services), searching only the empty directory.
-        let mut options = Host::new(&manifest, &[], &dir.path().join("state"), false).options;
-        options.search = SearchPath {
+        // The host's own planning (its services), searching only the empty directory.
+        let mut host = Host::new(&manifest, &[], &dir.path().join("state"), false);
+        host.set_search(SearchPath {
             dirs: vec![(plugins, "--plugin-path")],
-        };
+        });
         Scratch {
             _dir: dir,
             manifest,
-            options,
+            host,
         }
     })
 }
@@ -88,7 +84,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let file = Path::new("cordis.yml");
-    let parsed = match manifest::parse(text) {
+    let parsed = match parse_manifest(text) {
         Ok(m) => m,
         Err(items) => {
             render_all(&Diagnostics {
@@ -104,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let scratch = scratch();
     std::fs::write(&scratch.manifest, text).expect("the scratch manifest is writable");
-    match plan::plan(&scratch.manifest, &scratch.options) {
+    match scratch.host.plan() {
         Ok(planned) => assert!(
             planned.entries.is_empty(),
             "nothing can be loaded from an empty plugin directory"

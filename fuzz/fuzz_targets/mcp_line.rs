@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use cordis_cli::mcp::{serve_io, McpOptions, ToolListNotifier};
-use cordis_engine::runtime::Runtime;
+use cordis_engine::Runtime;
 use cordis_engine::Host;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -51,7 +51,7 @@ fn server() -> &'static Server {
         std::fs::create_dir(&work).expect("the session directory");
         let host = Host::new(&manifest, &[], &dir.path().join("state"), false);
         let runtime = Runtime::start(host).expect("an empty composition starts");
-        let session = runtime.host.sessions.create(&work).expect("a session").id;
+        let session = runtime.sessions().create(&work).expect("a session").id;
         let tokio = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

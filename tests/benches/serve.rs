@@ -34,7 +34,7 @@ fn read_round_trips() {
     mcp.finish();
 
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
     let call = CallContext {
         session,
         call_id: "bench".into(),
@@ -201,7 +201,7 @@ fn cargo_build_reload() {
     .expect("copy Cargo.lock");
     let libraries: Vec<std::path::PathBuf> = names
         .iter()
-        .map(|n| target_dir().join(cordis_engine::loader::library_file_name(n)))
+        .map(|n| target_dir().join(cordis_engine::library_file_name(n)))
         .collect();
     let build = || -> Duration {
         let mut cmd = cargo(&s.path(), &["build", "--lib"]);

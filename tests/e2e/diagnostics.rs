@@ -174,7 +174,7 @@ fn every_code_is_explained() {
         .lines()
         .map(|l| l.split(' ').next().unwrap_or("").to_string())
         .collect();
-    let registry: Vec<&str> = cordis_engine::diag::CODES.iter().map(|c| c.name).collect();
+    let registry: Vec<&str> = cordis_engine::CODES.iter().map(|c| c.name).collect();
     assert_eq!(listed, registry);
     s.run(&["check", "--explain", "missing-service"])
         .expect_code(0)
@@ -292,9 +292,7 @@ fn validator() -> jsonschema::Validator {
 }
 
 fn yaml_to_json(text: &str) -> serde_json::Value {
-    cordis_engine::manifest::parse_yaml(text)
-        .expect("YAML")
-        .to_json()
+    cordis_engine::parse_yaml(text).expect("YAML").to_json()
 }
 
 #[test]

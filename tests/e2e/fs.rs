@@ -721,8 +721,8 @@ fn resolve_precedence() {
         fallback,
         "the configured root is canonicalized"
     );
-    let s1 = started.host.sessions.create(&s1_cwd).unwrap().id;
-    let s2 = started.host.sessions.create(&s2_cwd).unwrap().id;
+    let s1 = started.host.sessions().create(&s1_cwd).unwrap().id;
+    let s2 = started.host.sessions().create(&s2_cwd).unwrap().id;
     pol.set_sandbox_mode(SetModeArgs {
         session: s2.clone(),
         mode: WorkspaceWrite,
@@ -733,7 +733,11 @@ fn resolve_precedence() {
         mode: DangerFullAccess,
     })
     .unwrap();
-    let events = started.host.sessions.events(&s2, Some(MODE_EVENT)).unwrap();
+    let events = started
+        .host
+        .sessions()
+        .events(&s2, Some(MODE_EVENT))
+        .unwrap();
     assert_eq!(events.len(), 2, "one event per switch");
     assert_eq!(events[1].data, json!({"mode": "danger-full-access"}));
 
@@ -773,7 +777,7 @@ fn a_mode_switch_survives_a_host_restart() {
     let yaml = policy_entry("read-only", &scratch.path());
     let (id, seq) = {
         let started = compose(&scratch, &yaml);
-        let id = started.host.sessions.create(&scratch.path()).unwrap().id;
+        let id = started.host.sessions().create(&scratch.path()).unwrap().id;
         let seq = policy_of(&started)
             .set_sandbox_mode(SetModeArgs {
                 session: id.clone(),
@@ -794,7 +798,7 @@ fn a_mode_switch_survives_a_host_restart() {
     assert_eq!(
         started
             .host
-            .sessions
+            .sessions()
             .events(&id, Some(MODE_EVENT))
             .unwrap()
             .len(),
@@ -813,7 +817,7 @@ fn a_forged_mode_event_is_rejected() {
         ),
     );
     let pol = policy_of(&started);
-    let id = started.host.sessions.create(&scratch.path()).unwrap().id;
+    let id = started.host.sessions().create(&scratch.path()).unwrap().id;
     pol.set_sandbox_mode(SetModeArgs {
         session: id.clone(),
         mode: ReadOnly,
@@ -821,7 +825,7 @@ fn a_forged_mode_event_is_rejected() {
     .unwrap();
     let seq = started
         .host
-        .sessions
+        .sessions()
         .append(&id, MODE_EVENT, json!({"mode": "root"}))
         .unwrap();
     for mode in [None, Some(DangerFullAccess)] {
@@ -850,8 +854,8 @@ fn two_sessions_share_one_set_of_services_each_confined_to_its_own_root() {
     std::fs::create_dir_all(&b).unwrap();
     let started = fenced(&scratch, "read-only", &scratch.path());
     let (pol, fs) = (policy_of(&started), fs_of(&started));
-    let sa = started.host.sessions.create(&a).unwrap().id;
-    let sb = started.host.sessions.create(&b).unwrap().id;
+    let sa = started.host.sessions().create(&a).unwrap().id;
+    let sb = started.host.sessions().create(&b).unwrap().id;
     for s in [&sa, &sb] {
         pol.set_sandbox_mode(SetModeArgs {
             session: s.clone(),
@@ -959,7 +963,7 @@ fn policy_text_is_empty_without_a_family_and_names_the_canonical_root() {
     assert!(text.contains(&format!("\"{}\"", ws.display())), "{text}");
     assert!(!text.contains("ws-alias"), "{text}");
     assert_eq!(pol.policy_text(None).unwrap(), text, "byte-stable");
-    let id = started.host.sessions.create(&ws).unwrap().id;
+    let id = started.host.sessions().create(&ws).unwrap().id;
     pol.set_sandbox_mode(SetModeArgs {
         session: id.clone(),
         mode: ReadOnly,

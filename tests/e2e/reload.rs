@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cordis_e2e::{
     eventually, fixture_reload_build, reload_project, replace_file, McpStdio, Runtime,
 };
-use cordis_engine::runtime::{ReloadError, ReloadReport};
+use cordis_engine::{ReloadError, ReloadReport};
 use cordis_sdk::{CallContext, SessionInfo};
 use dsh_sandbox::{ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs};
 
@@ -51,7 +51,7 @@ const THREE: &str = "- name: fixture-reload\n  config:\n    greeting: hi\n- name
 fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
     let (s, lib) = reload_project(1, THREE);
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
     assert_eq!(
         call(&rt, &session, "reload-version"),
         "build 1, greeting hi"
@@ -75,7 +75,7 @@ fn a_rebuilt_library_restarts_it_and_its_dependents_and_nothing_else() {
     let copy = |g: &u64| {
         format!(
             "/g{g}-{}",
-            cordis_engine::loader::library_file_name("fixture-reload")
+            cordis_engine::library_file_name("fixture-reload")
         )
     };
     let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
@@ -126,7 +126,7 @@ fn config_edits_are_taken_in_place_or_by_restart() {
     };
     let (s, _lib) = reload_project(1, &manifest("a", true));
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
 
     s.manifest(&manifest("b", true));
     let report = rt.reload().expect("reload");
@@ -151,18 +151,19 @@ fn config_edits_are_taken_in_place_or_by_restart() {
 
 /// Every entry of the running composition: id, library generation and config.
 fn running_entries(rt: &Runtime) -> Vec<(String, u64, serde_json::Value)> {
-    rt.composition()
-        .plan
-        .entries
-        .iter()
-        .map(|p| {
-            (
-                p.entry.id.clone(),
-                p.library.generation,
-                p.entry.config.clone(),
-            )
-        })
-        .collect()
+    rt.inspect(|c| {
+        c.plan()
+            .entries
+            .iter()
+            .map(|p| {
+                (
+                    p.entry.id.clone(),
+                    p.library.generation,
+                    p.entry.config.clone(),
+                )
+            })
+            .collect()
+    })
 }
 
 #[test]
@@ -175,7 +176,7 @@ fn a_failed_apply_also_undoes_the_configs_taken_in_place() {
     };
     let (s, _lib) = reload_project(1, &manifest("a", false));
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
     let before = running_entries(&rt);
 
     // One reload takes the greeting in place, then fails to apply the added entry.
@@ -216,7 +217,7 @@ fn disabling_disposes_an_entry_and_its_dependents_and_enabling_restores_them() {
     };
     let (s, _lib) = reload_project(1, &manifest(false));
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
 
     s.manifest(&manifest(true));
     let report = rt.reload().expect("reload");
@@ -247,7 +248,7 @@ fn disabling_disposes_an_entry_and_its_dependents_and_enabling_restores_them() {
 fn bad_changes_keep_the_old_composition_serving_until_fixed() {
     let (s, lib) = reload_project(1, THREE);
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
     let serving = |why: &str| {
         assert_eq!(
             call(&rt, &session, "reload-version"),
@@ -341,7 +342,7 @@ fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
     let (s, lib) = reload_project(1, THREE);
     let builds = [fixture_reload_build(1), fixture_reload_build(2)];
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
+    let session = rt.sessions().create(&s.path()).expect("session");
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let callers: Vec<_> = ["reload-version", "consumer-view", "greet"]
@@ -413,13 +414,13 @@ fn two_hundred_reloads_under_concurrent_calls_fail_no_call() {
         .expect("state/run holds the live generation's library copies")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
-    let live: std::collections::BTreeSet<std::path::PathBuf> = rt
-        .composition()
-        .plan
-        .entries
-        .iter()
-        .map(|p| p.library.path.clone())
-        .collect();
+    let live: std::collections::BTreeSet<std::path::PathBuf> = rt.inspect(|c| {
+        c.plan()
+            .entries
+            .iter()
+            .map(|p| p.library.path.clone())
+            .collect()
+    });
     assert_eq!(
         copies.len(),
         live.len(),
@@ -435,21 +436,18 @@ fn session_mode_switches_survive_a_reload_of_the_policy_owner() {
     };
     let (s, _lib) = reload_project(1, &manifest("read-only"));
     let rt = s.runtime();
-    let session = rt.host.sessions.create(&s.path()).expect("session");
-    let policy = |rt: &Runtime| -> SandboxPolicyClient {
-        let c = rt.composition();
-        cordis_sdk::Service::checked(
-            "sandboxPolicy",
-            c.registry.services["sandboxPolicy"].handle.clone(),
-        )
-        .expect("policy client")
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let policy = |f: &dyn Fn(&SandboxPolicyClient) -> cordis_sdk::Result<()>| {
+        rt.with_service::<SandboxPolicyClient, _>("sandboxPolicy", f)
+            .expect("policy service")
     };
-    policy(&rt)
-        .set_sandbox_mode(SetModeArgs {
+    policy(&|p| {
+        p.set_sandbox_mode(SetModeArgs {
             session: session.id.clone(),
             mode: SandboxMode::DangerFullAccess,
         })
-        .expect("set mode");
+        .map(drop)
+    });
 
     s.manifest(&manifest("workspace-write"));
     let report = rt.reload().expect("reload");
@@ -460,24 +458,23 @@ fn session_mode_switches_survive_a_reload_of_the_policy_owner() {
             .any(|(id, _, _)| id == "dsh-sandbox-policy"),
         "{report}"
     );
-    let p = policy(&rt);
-    let resolved = p
-        .resolve(ResolveArgs {
+    policy(&|p| {
+        let resolved = p.resolve(ResolveArgs {
             session: Some(session.id.clone()),
             mode: None,
-        })
-        .expect("resolve");
-    assert_eq!(
-        resolved.mode,
-        SandboxMode::DangerFullAccess,
-        "the session's switch is in its log"
-    );
-    assert_eq!(
-        p.default_mode(()).expect("default"),
-        SandboxMode::WorkspaceWrite,
-        "the new config is live"
-    );
-    drop(p);
+        })?;
+        assert_eq!(
+            resolved.mode,
+            SandboxMode::DangerFullAccess,
+            "the session's switch is in its log"
+        );
+        assert_eq!(
+            p.default_mode(())?,
+            SandboxMode::WorkspaceWrite,
+            "the new config is live"
+        );
+        Ok(())
+    });
     rt.shutdown();
 }
 

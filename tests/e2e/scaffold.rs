@@ -69,7 +69,7 @@ impl Scaffold {
         std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock"))
             .expect("copy Cargo.lock");
         Scaffold {
-            library: target_dir().join(cordis_engine::loader::library_file_name(name)),
+            library: target_dir().join(cordis_engine::library_file_name(name)),
             printed: text(&created),
             scratch,
             dir,
@@ -383,7 +383,7 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
     let plugin = Scaffold::new("dev-beside");
     let scratch = &plugin.scratch;
     // A library no cargo project builds: a copy of a workspace plugin, with no dep-info.
-    let example = cordis_engine::loader::library_file_name("cordis-example");
+    let example = cordis_engine::library_file_name("cordis-example");
     std::fs::create_dir_all(scratch.path().join("libs")).unwrap();
     std::fs::copy(
         target_dir().join(&example),
@@ -841,7 +841,7 @@ fn build_plugin(scratch: &Scratch, name: &str, sdk: &Path, source: &str) {
     scratch.write("other/src/lib.rs", source);
     let dir = scratch.path().join("other");
     std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
-    let file = cordis_engine::loader::library_file_name(name);
+    let file = cordis_engine::library_file_name(name);
     let library = target_dir().join(&file);
     with_build_lock(|| {
         run(cargo(&dir, &["build"]), true);

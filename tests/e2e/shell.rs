@@ -601,7 +601,7 @@ fn host_threads_are_not_confined_after_a_sandboxed_command() {
     let shell: ShellClient = started.service("shell");
     let session = started
         .host
-        .sessions
+        .sessions()
         .create(&layout.ws)
         .expect("create session");
     // The command runs read-only and is denied ...
@@ -625,7 +625,7 @@ fn host_threads_are_not_confined_after_a_sandboxed_command() {
         .expect("fresh thread confined");
     started
         .host
-        .sessions
+        .sessions()
         .append(
             &session.id,
             "test/after-sandbox",
@@ -634,7 +634,7 @@ fn host_threads_are_not_confined_after_a_sandboxed_command() {
         .expect("the session store cannot append after a sandboxed command");
     let events = started
         .host
-        .sessions
+        .sessions()
         .events(&session.id, Some("test/after-sandbox"))
         .expect("events");
     assert_eq!(events.len(), 1);
@@ -647,8 +647,8 @@ fn sessions_with_different_roots_resolve_to_their_own_root() {
     let started = start_sandboxed(&scratch, Ww, &a.ws);
     let shell: ShellClient = started.service("shell");
     let policy: SandboxPolicyClient = started.service("sandboxPolicy");
-    let sa = started.host.sessions.create(&a.ws).expect("session a");
-    let sb = started.host.sessions.create(&b.ws).expect("session b");
+    let sa = started.host.sessions().create(&a.ws).expect("session a");
+    let sb = started.host.sessions().create(&b.ws).expect("session b");
     let resolve = |id: &str| {
         policy
             .resolve(ResolveArgs {

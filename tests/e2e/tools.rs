@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cordis_e2e::{unique, McpStdio, Outside, Scratch, Started, VICTIM};
-use cordis_engine::registry::ToolSlot;
+use cordis_engine::ToolSlot;
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::{CallContext, SessionInfo, ToolResult};
 use dsh_sandbox::{
@@ -903,13 +903,12 @@ impl Asker {
         match outcome {
             Some(o) => {
                 let log = asked.clone();
-                started
-                    .host
-                    .approvals
-                    .set_default(Some(Arc::new(move |req: &ApprovalRequest| {
+                started.host.approvals().set_default(Some(Arc::new(
+                    move |req: &ApprovalRequest| {
                         log.lock().expect("ask log").push(req.clone());
                         o
-                    })));
+                    },
+                )));
             }
             None => started.approvals(None),
         }
@@ -943,7 +942,7 @@ fn escalation_matrix_for_write_edit_and_bash() {
     let started = compose(&scratch, WorkspaceWrite, &outside.dir, Backends::Confined);
     let proj = project(&scratch, "proj");
     let s = started.session(&proj);
-    let events = || started.host.sessions.events(&s.id, None).expect("events");
+    let events = || started.host.sessions().events(&s.id, None).expect("events");
     let escalated = format!("{VICTIM}escalated\n");
     let requested = DangerFullAccess;
     let outcomes: [(Option<ApprovalOutcome>, Option<String>); 5] = [
@@ -1072,7 +1071,7 @@ fn a_grant_keeps_the_session_root_and_lasts_one_call() {
     let s = started.session(&proj);
     let asker = Asker::install(&started, Some(ApprovalOutcome::Approved));
     let before = outside.snapshot();
-    let events = || started.host.sessions.events(&s.id, None).expect("events");
+    let events = || started.host.sessions().events(&s.id, None).expect("events");
     let events_before = events();
     let grant = |mut args: Value| {
         args["sandbox_permissions"] = json!("workspace-write");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 pub mod bench;
 
-pub use cordis_engine::{plan::Plan, registry::Registry, runtime::Runtime, Host};
+pub use cordis_engine::{Host, Plan, Registry, Runtime};
 pub use cordis_sdk::{Interface, Service};
 
 /// The workspace root.
@@ -127,7 +127,7 @@ pub fn fixture_reload_build(generation: u32) -> PathBuf {
     let cache = target_dir()
         .join("fixture-builds")
         .join(format!("{stem}-{built}"));
-    let file = cordis_engine::loader::library_file_name("fixture-reload");
+    let file = cordis_engine::library_file_name("fixture-reload");
     let cached = cache.join(format!("g{generation}-{file}"));
     with_build_lock(|| {
         if !cached.is_file() {
@@ -152,7 +152,7 @@ pub fn reload_project(generation: u32, manifest: &str) -> (Scratch, PathBuf) {
     let lib = s
         .path()
         .join("plugins")
-        .join(cordis_engine::loader::library_file_name("fixture-reload"));
+        .join(cordis_engine::library_file_name("fixture-reload"));
     replace_file(&fixture_reload_build(generation), &lib);
     s.manifest(manifest);
     (s, lib)
@@ -178,7 +178,7 @@ pub fn cordis_bin() -> PathBuf {
 
 /// A plugin library by plugin name.
 pub fn library(plugin: &str) -> PathBuf {
-    build_workspace().join(cordis_engine::loader::library_file_name(plugin))
+    build_workspace().join(cordis_engine::library_file_name(plugin))
 }
 
 /// A scratch directory for one test; kept (and its path printed) when a check fails.
@@ -370,9 +370,7 @@ impl Scratch {
             &self.state_dir(),
             false,
         );
-        host.options.copies = Some(std::sync::Arc::new(cordis_engine::loader::Copies::new(
-            self.state_dir().join("run"),
-        )));
+        host.copy_libraries(cordis_engine::Copies::new(self.state_dir().join("run")));
         Runtime::start(host).unwrap_or_else(|e| panic!("start failed: {e:#}"))
     }
 }
@@ -390,7 +388,7 @@ impl Started {
     /// Creates a session rooted at `cwd` and returns its call context (fresh call id).
     pub fn session(&self, cwd: &Path) -> cordis_sdk::SessionInfo {
         self.host
-            .sessions
+            .sessions()
             .create(cwd)
             .unwrap_or_else(|e| panic!("create session: {e}"))
     }
@@ -418,8 +416,8 @@ impl Started {
     /// Makes every approval request answer `outcome` (`None`: nobody can be asked).
     pub fn approvals(&self, outcome: Option<cordis_sdk::host::ApprovalOutcome>) {
         match outcome {
-            Some(o) => self.host.approvals.answer_always(o),
-            None => self.host.approvals.set_default(None),
+            Some(o) => self.host.approvals().answer_always(o),
+            None => self.host.approvals().set_default(None),
         }
     }
 

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand};
-use cordis_engine::diag::Diagnostics;
+use cordis_engine::Diagnostics;
 use cordis_engine::Host;
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
@@ -119,10 +119,10 @@ fn main() -> ExitCode {
             | Command::Completions { .. }
             | Command::Man
     );
-    let state_dir = match cordis_engine::sessions::default_state_dir(cli.state_dir.as_deref()) {
+    let state_dir = match cordis_engine::default_state_dir(cli.state_dir.as_deref()) {
         Some(dir) => dir,
         None if keeps_state => {
-            eprintln!("error: {}", cordis_engine::sessions::NO_STATE_DIR);
+            eprintln!("error: {}", cordis_engine::NO_STATE_DIR);
             return ExitCode::FAILURE;
         }
         None => PathBuf::new(),

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
-use cordis_engine::loader::{library_file_name, Library, LoadError, SearchPath};
+use cordis_engine::{library_file_name, Library, LoadError, SearchPath};
 use cordis_sdk::abi::TOOLS_FROM_CONFIG;
 
 use crate::cargo::{cargo_build_messages, cargo_metadata};
@@ -174,7 +174,7 @@ pub struct Removed {
 
 /// Removes plugin `name` (a manifest name; a scope is ignored) from `dir`.
 pub fn remove(name: &str, dir: &Path, search: &SearchPath) -> anyhow::Result<Removed> {
-    let name = cordis_engine::manifest::plugin_name(name);
+    let name = cordis_engine::plugin_name(name);
     let path = dir.join(library_file_name(name));
     if std::fs::symlink_metadata(&path).is_err() {
         match search.find(name) {

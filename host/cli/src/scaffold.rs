@@ -201,7 +201,7 @@ pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
     std::fs::create_dir_all(&parent).map_err(io(&parent))?;
 
     let names = Names::new(&req.name);
-    let library_file = cordis_engine::loader::library_file_name(&req.name);
+    let library_file = cordis_engine::library_file_name(&req.name);
     let (library, manifest_path) = match &req.target_dir {
         Some(t) => {
             let lib = cwd.join(t).join("debug").join(&library_file);

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use cordis_engine::runtime::Composition;
+use cordis_engine::Composition;
 
 /// One applied entry of a running host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,7 +76,7 @@ impl HostStatus {
 
     fn update(&mut self, composition: &Composition) {
         self.entries = composition
-            .plan
+            .plan()
             .entries
             .iter()
             .map(|p| EntryStatus {
@@ -91,8 +91,7 @@ impl HostStatus {
 
     /// Writes the status file into `state_dir` atomically (a temp file renamed over it).
     pub fn write(&self, state_dir: &Path) -> std::io::Result<()> {
-        let dir =
-            cordis_engine::sessions::private_dir(state_dir, &run_dir(Path::new(""), self.pid))?;
+        let dir = cordis_engine::private_dir(state_dir, &run_dir(Path::new(""), self.pid))?;
         let tmp = dir.join("status.json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
         std::fs::rename(&tmp, dir.join("status.json"))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use notify::event::{AccessKind, AccessMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
-use cordis_engine::runtime::{ReloadError, Runtime};
+use cordis_engine::{ReloadError, Runtime};
 
 /// How long changed files must be quiet before a reload starts. Editors replace a file in
 /// one rename and cargo is waited for by its lock, so these only cover writers that write
@@ -280,10 +280,7 @@ mod tests {
         std::fs::create_dir_all(&out).expect("target dir");
         let lock = out.join(".cargo-lock");
         std::fs::write(&lock, "").expect("lock file");
-        (
-            lock,
-            out.join(cordis_engine::loader::library_file_name("plugin-a")),
-        )
+        (lock, out.join(cordis_engine::library_file_name("plugin-a")))
     }
 
     /// Runs `next_batch` on a thread; its result arrives on the returned channel.
@@ -302,7 +299,7 @@ mod tests {
     fn a_library_cargo_is_building_waits_for_the_whole_build() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (lock, lib_a) = cargo_output(dir.path());
-        let lib_b = lib_a.with_file_name(cordis_engine::loader::library_file_name("plugin-b"));
+        let lib_b = lib_a.with_file_name(cordis_engine::library_file_name("plugin-b"));
         let cargo = std::fs::File::open(&lock).expect("open the lock");
         cargo.lock().expect("hold the lock as cargo does");
 

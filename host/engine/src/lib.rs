@@ -1,108 +1,126 @@
 //! The cordis engine: everything a plugin host does, without a front-end. The `cordis`
 //! binary, the plugin test harness (`cordis-test`), the end-to-end tests and the benchmarks
-//! all drive the same [`Host`].
+//! all drive the same [`Host`] and [`Runtime`].
 //!
-//! Flow: `cordis.yml` → [`manifest`] → [`plan`] (libraries loaded by [`loader`], whole
-//! composition validated) → [`registry`] (entries applied in dependency order) → front-ends
-//! call tools in a session from [`sessions`].
+//! Flow: `cordis.yml` → `manifest` → `plan` (libraries loaded by `loader`, the whole
+//! composition validated: [`Plan`]) → `registry` (entries applied in dependency order:
+//! [`Registry`]) → [`Runtime`] (tool calls in a session, reloads as a `reload::Diff` and a
+//! transaction). Every module is private; what a front-end may use is re-exported here.
 
-pub mod approval;
-pub mod diag;
-pub mod loader;
-pub mod manifest;
-pub mod plan;
-pub mod protect;
-pub mod registry;
+mod approval;
+mod diag;
+mod host_services;
+mod loader;
+mod manifest;
+mod plan;
+mod protect;
+mod registry;
 mod reload;
-pub mod runtime;
-pub mod schema;
-pub mod sessions;
+mod runtime;
+mod schema;
+mod sessions;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cordis_sdk::host::{
-    ApprovalClient, CompositionClient, SessionsClient, APPROVAL, COMPOSITION, SESSIONS,
+pub use crate::approval::{render as render_approval, ApprovalRouter, Asker};
+pub use crate::diag::{
+    code as diagnostic_code, hostile, Code, Diagnostic, Diagnostics, Pos, Severity, CODES,
 };
-use cordis_sdk::Interface;
+pub use crate::host_services::HostServices;
+pub use crate::loader::{
+    library_file_name, user_plugin_dir, Copies, Library, LoadError, Meta, SearchPath, ServiceSpec,
+};
+pub use crate::manifest::{
+    closest, parse as parse_manifest, parse_yaml, plugin_name, Entry, Manifest, Node,
+    Value as YamlValue,
+};
+pub use crate::plan::{Plan, Planned, Provider};
+pub use crate::registry::{ApplyError, Registry, ServiceSlot, ToolSlot, UnknownTool};
+pub use crate::runtime::{
+    Composition, OpenSession, ReloadError, ReloadReport, Runtime, SessionStart, ToolInfo,
+};
+pub use crate::schema::{
+    check as check_schemas, generate as generate_schemas, validate_config, write as write_schemas,
+};
+pub use crate::sessions::{
+    default_state_dir, private_dir, Origin, SessionError, SessionStore, NO_STATE_DIR,
+};
 
-use crate::approval::{ApprovalRouter, ApprovalService};
-use crate::diag::Diagnostics;
-use crate::loader::{SearchPath, ServiceSpec};
-use crate::plan::{Plan, PlanOptions};
-use crate::protect::{CompositionService, Protection};
-use crate::registry::Registry;
-use crate::sessions::{SessionStore, SessionsService};
+use crate::diag::Diagnostics as Problems;
+use crate::plan::PlanOptions;
 
 /// Everything needed to plan and apply a composition.
 pub struct Host {
-    /// The manifest.
-    pub manifest: PathBuf,
-    /// Planning options (search path, verbosity, host services).
-    pub options: PlanOptions,
-    /// The session store.
-    pub sessions: Arc<SessionStore>,
-    /// Where approval requests go.
-    pub approvals: Arc<ApprovalRouter>,
-    /// The paths that define the composition (served as `composition`).
-    pub protection: Arc<Protection>,
-}
-
-fn spec<I: Interface>(name: &str) -> ServiceSpec {
-    ServiceSpec {
-        name: name.to_string(),
-        interface: I::ID.to_string(),
-        version: I::VERSION,
-    }
+    manifest: PathBuf,
+    options: PlanOptions,
+    services: HostServices,
 }
 
 impl Host {
     /// A host for `manifest`, searching `plugin_path` first, keeping state in `state_dir`
     /// (empty for a command that keeps none).
     pub fn new(manifest: &Path, plugin_path: &[PathBuf], state_dir: &Path, verbose: bool) -> Self {
-        let protection = Arc::new(Protection::new(state_dir));
+        let services = HostServices::new(state_dir);
         Host {
             manifest: manifest.to_path_buf(),
             options: PlanOptions {
                 search: SearchPath::new(plugin_path),
                 verbose,
-                host_services: vec![
-                    spec::<SessionsClient>(SESSIONS),
-                    spec::<ApprovalClient>(APPROVAL),
-                    spec::<CompositionClient>(COMPOSITION),
-                    crate::registry::tool_extras_spec(),
-                ],
+                host_services: HostServices::specs(),
                 copies: None,
-                protect: Some(protection.clone()),
+                protect: Some(services.protection().clone()),
             },
-            sessions: Arc::new(SessionStore::new(state_dir)),
-            approvals: Arc::new(ApprovalRouter::default()),
-            protection,
+            services,
         }
     }
 
+    /// The manifest.
+    pub fn manifest(&self) -> &Path {
+        &self.manifest
+    }
+
+    /// Where plugins are looked for.
+    pub fn search(&self) -> &SearchPath {
+        &self.options.search
+    }
+
+    /// Looks for plugins in `search` instead.
+    pub fn set_search(&mut self, search: SearchPath) {
+        self.options.search = search;
+    }
+
+    /// Loads every library from a private copy made in `copies` (`--dev`: the build may
+    /// rewrite the file while it is loaded).
+    pub fn copy_libraries(&mut self, copies: Copies) {
+        self.options.copies = Some(Arc::new(copies));
+    }
+
+    /// The services the host provides to plugins (sessions, approvals, the paths that
+    /// define the composition).
+    pub fn services(&self) -> &HostServices {
+        &self.services
+    }
+
+    /// The session store.
+    pub fn sessions(&self) -> &Arc<SessionStore> {
+        self.services.sessions()
+    }
+
+    /// Where approval requests go.
+    pub fn approvals(&self) -> &Arc<ApprovalRouter> {
+        self.services.approvals()
+    }
+
     /// Validates the composition without applying it.
-    pub fn plan(&self) -> Result<Plan, Diagnostics> {
+    pub fn plan(&self) -> Result<Plan, Problems> {
         plan::plan(&self.manifest, &self.options)
     }
 
     /// Plans and applies the composition.
     pub fn start(&self) -> anyhow::Result<(Plan, Registry)> {
         let plan = self.plan()?;
-        let mut registry = Registry::with_host_services(vec![
-            (
-                spec::<SessionsClient>(SESSIONS),
-                SessionsClient::serve(SessionsService(self.sessions.clone())),
-            ),
-            (
-                spec::<ApprovalClient>(APPROVAL),
-                ApprovalClient::serve(ApprovalService(self.approvals.clone())),
-            ),
-            (
-                spec::<CompositionClient>(COMPOSITION),
-                CompositionClient::serve(CompositionService(self.protection.clone())),
-            ),
-        ]);
+        let mut registry = Registry::with_host_services(self.services.serve());
         registry.apply_plan(&plan)?;
         Ok((plan, registry))
     }

@@ -5,16 +5,19 @@
 //! finishes on the generation it started on, and calls that arrive during a reload wait for
 //! the swap and then go to the new generation.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use cordis_sdk::host::{ModelContextClient, MODEL_CONTEXT_INTERFACE};
-use cordis_sdk::{CallContext, Interface, Service, ToolResult};
+use cordis_sdk::{CallContext, Interface, Service, SessionInfo, ToolResult};
 
+use crate::approval::{ApprovalRouter, Asker};
 use crate::diag::Diagnostics;
 use crate::loader::Library;
 use crate::plan::Plan;
 use crate::registry::{ApplyError, Registry, UnknownTool};
+use crate::sessions::{Origin, SessionError, SessionStore};
 use crate::Host;
 
 /// A tool as a front-end lists it.
@@ -48,17 +51,25 @@ fn tool_infos(registry: &Registry) -> Vec<ToolInfo> {
         .collect()
 }
 
-/// The applied composition.
+/// The applied composition, as [`Runtime::inspect`] shows it.
 pub struct Composition {
-    /// The plan it was applied from.
-    pub plan: Plan,
-    /// Its services and tools.
-    pub registry: Registry,
+    plan: Plan,
+    registry: Registry,
     /// Every library of this generation; a call holds a clone until it returns.
     libraries: Arc<Vec<Arc<Library>>>,
 }
 
 impl Composition {
+    /// The plan it was applied from.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Its services and tools.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     fn new(plan: Plan, registry: Registry) -> Self {
         let libraries = Arc::new(plan.entries.iter().map(|p| p.library.clone()).collect());
         Composition {
@@ -73,14 +84,46 @@ type Listener = Box<dyn Fn(&ReloadReport) + Send + Sync>;
 
 /// A host with its composition applied.
 pub struct Runtime {
-    /// The host (sessions, approvals, options).
-    pub host: Host,
+    host: Host,
     composition: Mutex<Composition>,
     /// Held by a reload; `true` once the runtime was shut down (no reload after that).
     reloading: Mutex<bool>,
     /// Held while reloads must wait (a `--dev` build writing libraries one by one).
     held: Mutex<()>,
     reload_listeners: Mutex<Vec<Listener>>,
+}
+
+/// Where a session opened by [`Runtime::open_session`] starts.
+#[derive(Clone, Copy, Debug)]
+pub enum SessionStart<'a> {
+    /// A new long-lived session rooted at this directory.
+    New(&'a Path),
+    /// A new session for one call, rooted at this directory (`cordis session prune`
+    /// removes it once old).
+    ForOneCall(&'a Path),
+    /// The session with this id, which exists.
+    Resume(&'a str),
+}
+
+/// A session with its approval route, which ends when this is dropped.
+pub struct OpenSession {
+    info: SessionInfo,
+    approvals: Option<Arc<ApprovalRouter>>,
+}
+
+impl OpenSession {
+    /// The session.
+    pub fn info(&self) -> &SessionInfo {
+        &self.info
+    }
+}
+
+impl Drop for OpenSession {
+    fn drop(&mut self) {
+        if let Some(approvals) = &self.approvals {
+            approvals.unbind(&self.info.id);
+        }
+    }
 }
 
 /// Something taken out of the composition (a tool, service handles) together with the
@@ -189,7 +232,7 @@ impl Runtime {
     /// The manifest and library files this composition was built from (what to watch).
     pub fn watched_files(&self) -> Vec<std::path::PathBuf> {
         let c = self.composition();
-        let mut files = vec![self.host.manifest.clone()];
+        let mut files = vec![self.host.manifest().to_path_buf()];
         files.extend(c.plan.entries.iter().map(|p| p.library.path.clone()));
         files
     }
@@ -267,9 +310,51 @@ impl Runtime {
         Ok(report)
     }
 
-    /// The composition (held briefly: never across a tool call).
-    pub fn composition(&self) -> MutexGuard<'_, Composition> {
+    /// The composition, locked: held briefly, never across a tool call.
+    fn composition(&self) -> MutexGuard<'_, Composition> {
         self.composition.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the current composition (to describe it; reloads wait meanwhile, so `f`
+    /// must not call a tool).
+    pub fn inspect<R>(&self, f: impl FnOnce(&Composition) -> R) -> R {
+        f(&self.composition())
+    }
+
+    /// The host this runtime applied.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// The session store.
+    pub fn sessions(&self) -> &Arc<SessionStore> {
+        self.host.sessions()
+    }
+
+    /// Where approval requests go.
+    pub fn approvals(&self) -> &Arc<ApprovalRouter> {
+        self.host.approvals()
+    }
+
+    /// Opens a session (a new one, or one that exists) with its approval route: the
+    /// session's approval requests go to `asker` until the returned session is dropped
+    /// (without one they are answered by the router's default: `unavailable` unless set).
+    pub fn open_session(
+        &self,
+        start: SessionStart<'_>,
+        asker: Option<Asker>,
+    ) -> Result<OpenSession, SessionError> {
+        let sessions = self.sessions();
+        let info = match start {
+            SessionStart::New(cwd) => sessions.create(cwd)?,
+            SessionStart::ForOneCall(cwd) => sessions.create_with(cwd, Some(Origin::Call))?,
+            SessionStart::Resume(id) => sessions.get(id)?,
+        };
+        let approvals = asker.map(|asker| {
+            self.approvals().bind(&info.id, asker);
+            self.approvals().clone()
+        });
+        Ok(OpenSession { info, approvals })
     }
 
     /// Every registered tool, sorted by name.

@@ -60,15 +60,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cordis_engine::approval::{ApprovalRouter, ApprovalService};
-use cordis_engine::diag::Pos;
-use cordis_engine::loader::{Library, LoadError, Meta, ServiceSpec};
-use cordis_engine::manifest::Entry;
-use cordis_engine::plan::Planned;
-use cordis_engine::registry::{ApplyError, Registry, UnknownTool};
-use cordis_engine::sessions::{SessionStore, SessionsService};
+use cordis_engine::{
+    ApplyError, Entry, HostServices, Library, LoadError, Meta, Planned, Pos, Registry, ServiceSpec,
+    UnknownTool,
+};
 use cordis_sdk::abi::ServiceBox;
-use cordis_sdk::host::{ApprovalClient, ApprovalOutcome, SessionsClient, APPROVAL, SESSIONS};
+use cordis_sdk::host::ApprovalOutcome;
 use cordis_sdk::{CallContext, Interface, InterfaceMismatch, Service, SessionInfo};
 
 pub use cordis_sdk::ToolResult;
@@ -252,14 +249,13 @@ impl PluginUnderTest {
     pub fn check_config(&self) -> Result<(), HarnessError> {
         let entry = self.entry();
         let meta = &self.library.meta;
-        let mut problems: Vec<String> =
-            cordis_engine::schema::validate_config(&entry, &meta.config_schema)
-                .into_iter()
-                .map(|d| match d.help {
-                    Some(h) => format!("{} (help: {h})", d.message),
-                    None => d.message,
-                })
-                .collect();
+        let mut problems: Vec<String> = cordis_engine::validate_config(&entry, &meta.config_schema)
+            .into_iter()
+            .map(|d| match d.help {
+                Some(h) => format!("{} (help: {h})", d.message),
+                None => d.message,
+            })
+            .collect();
         if problems.is_empty() {
             if let Err(e) = self.library.check_config(&self.config.to_string()) {
                 problems.push(match e.help.into_option() {
@@ -299,22 +295,12 @@ impl PluginUnderTest {
             .prefix("cordis-test-")
             .tempdir()
             .map_err(HarnessError::Io)?;
-        let sessions = Arc::new(SessionStore::new(state.path().join("state")));
-        let approvals = Arc::new(ApprovalRouter::default());
+        let host = HostServices::new(&state.path().join("state"));
         match self.approval {
-            Some(outcome) => approvals.answer_always(outcome),
-            None => approvals.set_default(None),
+            Some(outcome) => host.approvals().answer_always(outcome),
+            None => host.approvals().set_default(None),
         }
-        let mut services = vec![
-            (
-                spec::<SessionsClient>(SESSIONS),
-                SessionsClient::serve(SessionsService(sessions.clone())),
-            ),
-            (
-                spec::<ApprovalClient>(APPROVAL),
-                ApprovalClient::serve(ApprovalService(approvals)),
-            ),
-        ];
+        let mut services = host.serve();
         services.retain(|(s, _)| !self.stand_ins.iter().any(|(t, _)| t.name == s.name));
         services.extend(self.stand_ins.iter().cloned());
         self.check_injections(&services)?;
@@ -327,7 +313,8 @@ impl PluginUnderTest {
                 dir
             }
         };
-        let session = sessions
+        let session = host
+            .sessions()
             .create(&cwd)
             .map_err(|e| HarnessError::Io(std::io::Error::other(e.to_string())))?;
 
@@ -376,14 +363,6 @@ impl PluginUnderTest {
             plugin: meta.name.clone(),
             problem: problems.join("\n  "),
         })
-    }
-}
-
-fn spec<I: Interface>(name: &str) -> ServiceSpec {
-    ServiceSpec {
-        name: name.to_string(),
-        interface: I::ID.to_string(),
-        version: I::VERSION,
     }
 }
 

@@ -1,15 +1,13 @@
 //! `cordis call`: call one tool, in a session, as a script would.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use cordis_engine::diag::Diagnostics;
-use cordis_engine::runtime::Runtime;
-use cordis_engine::sessions::Origin;
-use cordis_engine::Host;
+use cordis_engine::{Asker, Diagnostics, Host, OpenSession, Runtime, SessionStart};
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
 use cordis_sdk::CallContext;
-use std::io::IsTerminal;
 
 #[derive(clap::Args)]
 pub(crate) struct CallArgs {
@@ -52,49 +50,48 @@ pub(crate) fn call(host: Host, args: CallArgs) -> ExitCode {
     };
     // Nothing is created before the composition starts and the tool is known: a bad
     // manifest or a misspelt tool leaves no stray session behind.
-    let sessions = host.sessions.clone();
-    let existing = match &args.session {
-        Some(id) => match sessions.get(id) {
-            Ok(s) => Some(s),
-            Err(e) => return fail(e.into()),
-        },
-        None => None,
-    };
-    if args.approve {
-        host.approvals.answer_always(ApprovalOutcome::Approved);
-    } else if args.deny {
-        host.approvals.answer_always(ApprovalOutcome::Rejected);
-    } else if std::io::stdin().is_terminal() {
-        host.approvals
-            .set_default(Some(std::sync::Arc::new(ask_on_terminal)));
-    } else {
-        host.approvals.set_default(None);
+    if let Some(id) = &args.session {
+        if let Err(e) = host.sessions().get(id) {
+            return fail(e.into());
+        }
     }
+    let asker: Option<Asker> = if args.approve {
+        Some(Arc::new(|_: &ApprovalRequest| ApprovalOutcome::Approved))
+    } else if args.deny {
+        Some(Arc::new(|_: &ApprovalRequest| ApprovalOutcome::Rejected))
+    } else if std::io::stdin().is_terminal() {
+        Some(Arc::new(ask_on_terminal))
+    } else {
+        None
+    };
     let runtime = match Runtime::start(host) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let known = runtime.composition().registry.tool(&args.tool).map(|_| ());
+    let known = runtime.inspect(|c| c.registry().tool(&args.tool).map(|_| ()));
     if let Err(e) = known {
         runtime.shutdown();
         return fail(e.into());
     }
-    let session: anyhow::Result<_> = existing.map(Ok).unwrap_or_else(|| {
-        let cwd = args
-            .cwd
-            .clone()
-            .map(Ok)
-            .unwrap_or_else(std::env::current_dir);
-        let cwd = cwd.map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?;
-        Ok(sessions.create_with(&cwd, Some(Origin::Call))?)
-    });
-    let session = match session {
+    let opened = || -> anyhow::Result<OpenSession> {
+        if let Some(id) = &args.session {
+            return Ok(runtime.open_session(SessionStart::Resume(id), asker)?);
+        }
+        let cwd = match &args.cwd {
+            Some(cwd) => cwd.clone(),
+            None => std::env::current_dir()
+                .map_err(|e| anyhow::anyhow!("cannot read the current directory: {e}"))?,
+        };
+        Ok(runtime.open_session(SessionStart::ForOneCall(&cwd), asker)?)
+    };
+    let opened = match opened() {
         Ok(s) => s,
         Err(e) => {
             runtime.shutdown();
             return fail(e);
         }
     };
+    let session = opened.info().clone();
     eprintln!("session: {}", session.id);
     let call = CallContext {
         session,
@@ -121,7 +118,7 @@ pub(crate) fn call(host: Host, args: CallArgs) -> ExitCode {
 pub(crate) fn ask_on_terminal(request: &ApprovalRequest) -> ApprovalOutcome {
     eprint!(
         "{}Approve this one call? [y/N] ",
-        cordis_engine::approval::render(request)
+        cordis_engine::render_approval(request)
     );
     let mut line = String::new();
     match std::io::stdin().read_line(&mut line) {

@@ -2,28 +2,28 @@
 
 use std::process::ExitCode;
 
-use cordis_engine::plan::{Plan, Provider};
 use cordis_engine::Host;
+use cordis_engine::{Plan, Provider};
 
 use super::Format;
 
 pub(crate) fn explain(code: &str) -> anyhow::Result<ExitCode> {
-    use cordis_engine::diag::{self, CODES};
-    let line = |c: &diag::Code| format!("{} ({}): {}", c.name, c.severity.as_str(), c.explanation);
+    use cordis_engine::{diagnostic_code, Code, CODES};
+    let line = |c: &Code| format!("{} ({}): {}", c.name, c.severity.as_str(), c.explanation);
     if code.is_empty() {
         for c in CODES {
             println!("{}", line(c));
         }
         return Ok(ExitCode::SUCCESS);
     }
-    match diag::code(code) {
+    match diagnostic_code(code) {
         Some(c) => {
             println!("{}", line(c));
             Ok(ExitCode::SUCCESS)
         }
         None => {
             let names: Vec<&str> = CODES.iter().map(|c| c.name).collect();
-            let hint = match cordis_engine::manifest::closest(code, &names) {
+            let hint = match cordis_engine::closest(code, &names) {
                 Some(name) => format!("did you mean `{name}`?"),
                 None => "`cordis check --explain` lists every code".to_string(),
             };

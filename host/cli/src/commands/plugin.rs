@@ -40,7 +40,7 @@ pub(crate) enum PluginCommand {
 
 /// The directory `cordis plugin install|remove` works in.
 pub(crate) fn plugin_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    flag.or_else(|| cordis_engine::loader::user_plugin_dir(|name| std::env::var_os(name)))
+    flag.or_else(|| cordis_engine::user_plugin_dir(|name| std::env::var_os(name)))
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "no user plugin directory: neither XDG_DATA_HOME nor HOME is set (absolute); \
@@ -51,7 +51,7 @@ pub(crate) fn plugin_dir(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 
 pub(crate) fn plugin(host: &Host, cmd: PluginCommand) -> anyhow::Result<ExitCode> {
     use cordis_cli::plugins;
-    let search = &host.options.search;
+    let search = host.search();
     match cmd {
         PluginCommand::Install { source, dir } => {
             let installed = plugins::install(&source, &plugin_dir(dir)?)?;

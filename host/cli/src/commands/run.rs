@@ -9,9 +9,9 @@ use cordis_cli::http::{serve_http, HttpOptions};
 use cordis_cli::mcp::{serve_stdio_with, McpOptions, ToolListNotifier};
 use cordis_cli::status::{self, HostStatus};
 use cordis_cli::watch::Quiet;
-use cordis_engine::loader::Copies;
-use cordis_engine::runtime::Runtime;
+use cordis_engine::Copies;
 use cordis_engine::Host;
+use cordis_engine::Runtime;
 
 use super::tools::tool_names;
 
@@ -84,14 +84,14 @@ pub(crate) fn run(
     args: RunArgs,
 ) -> anyhow::Result<ExitCode> {
     let copies_dir = status::run_dir(state_dir, std::process::id());
-    let manifest = host.manifest.clone();
+    let manifest = host.manifest().to_path_buf();
     if !args.no_watch {
         // Every generation loads from its own copy, so a rebuilt file is a new library.
-        host.options.copies = Some(std::sync::Arc::new(Copies::new(&copies_dir)));
+        host.copy_libraries(Copies::new(&copies_dir));
     }
     // With `--dev`, the libraries are brought up to date with the sources first.
     let project = if args.dev {
-        let project = cordis_cli::dev::Projects::discover(&manifest, &host.options.search)
+        let project = cordis_cli::dev::Projects::discover(&manifest, host.search())
             .context("`--dev` cannot start")?;
         let trusted = project.trusted_paths();
         tracing::warn!(
@@ -103,8 +103,8 @@ pub(crate) fn run(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        host.protection.add(trusted);
-        if !project.build_for_manifest(&manifest, &host.options.search) {
+        host.services().protect(trusted);
+        if !project.build_for_manifest(&manifest, host.search()) {
             tracing::error!("dev: the first build failed; starting with the libraries on disk");
         }
         Some(project)
@@ -113,7 +113,7 @@ pub(crate) fn run(
     };
     // A session to resume must exist before anything is applied.
     if let Some(id) = &args.session {
-        host.sessions
+        host.sessions()
             .get(id)
             .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session"))?;
     }
@@ -126,7 +126,7 @@ pub(crate) fn run(
         }
     };
     let mut status = HostStatus::new(&manifest);
-    status.publish(&runtime.composition(), state_dir);
+    runtime.inspect(|c| status.publish(c, state_dir));
     let status = Mutex::new(status);
     let notifier = ToolListNotifier::default();
     {
@@ -141,7 +141,7 @@ pub(crate) fn run(
             };
             let mut status = status.lock().unwrap_or_else(|e| e.into_inner());
             status.reloads += 1;
-            status.publish(&runtime.composition(), &state_dir);
+            runtime.inspect(|c| status.publish(c, &state_dir));
         });
     }
     let quiet = args.reload_quiet.map_or(Quiet::DEFAULT, |ms| {
@@ -182,10 +182,9 @@ pub(crate) fn run(
     let ended = tokio.block_on(async {
         // Signals are handled from here on; only then is the host announced as running.
         let mut signals = Signals::install()?;
-        {
-            let c = runtime.composition();
+        runtime.inspect(|c| {
             let plugins: Vec<String> = c
-                .plan
+                .plan()
                 .entries
                 .iter()
                 .map(|p| format!("{} ({})", p.entry.id, p.library.meta.version))
@@ -193,21 +192,21 @@ pub(crate) fn run(
             tracing::info!(
                 "cordis {} running {}: plugins: {}; services: {}; tools: {}",
                 env!("CARGO_PKG_VERSION"),
-                c.plan.file.display(),
+                c.plan().file.display(),
                 if plugins.is_empty() {
                     "-".to_string()
                 } else {
                     plugins.join(", ")
                 },
-                c.registry
+                c.registry()
                     .services
                     .keys()
                     .cloned()
                     .collect::<Vec<_>>()
                     .join(", "),
-                tool_names(&c.registry)
+                tool_names(c.registry())
             );
-        }
+        });
         // The first signal stops taking calls; the calls in flight finish until the
         // deadline or a second signal, then what remains is cancelled. (The first signal
         // yields the future that gives up: it starts the deadline when it comes.)

@@ -25,7 +25,7 @@ pub(crate) struct SchemaArgs {
 pub(crate) fn schema(host: &Host, args: SchemaArgs) -> anyhow::Result<ExitCode> {
     let mut metas = Vec::new();
     for name in &args.plugins {
-        let path = host.options.search.find(name).map_err(|tried| {
+        let path = host.search().find(name).map_err(|tried| {
             anyhow::anyhow!(
                 "no library for plugin `{name}` (looked for {}); build it first",
                 tried
@@ -35,14 +35,14 @@ pub(crate) fn schema(host: &Host, args: SchemaArgs) -> anyhow::Result<ExitCode> 
                     .join(", ")
             )
         })?;
-        let lib = cordis_engine::loader::Library::load(&path)
+        let lib = cordis_engine::Library::load(&path)
             .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))?;
         metas.push(lib.meta.clone());
     }
     metas.sort_by(|a, b| a.name.cmp(&b.name));
-    let files = cordis_engine::schema::generate(&metas);
+    let files = cordis_engine::generate_schemas(&metas);
     if args.check {
-        let stale = cordis_engine::schema::check(&args.out, &files);
+        let stale = cordis_engine::check_schemas(&args.out, &files);
         if stale.is_empty() {
             println!(
                 "{}: {} schema files up to date",
@@ -58,7 +58,7 @@ pub(crate) fn schema(host: &Host, args: SchemaArgs) -> anyhow::Result<ExitCode> 
         return Ok(ExitCode::FAILURE);
     }
     if args.write {
-        let written = cordis_engine::schema::write(&args.out, &files)
+        let written = cordis_engine::write_schemas(&args.out, &files)
             .with_context(|| format!("failed to write {}", args.out.display()))?;
         println!("{}: {} files changed", args.out.display(), written.len());
     } else {

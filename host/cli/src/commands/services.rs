@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use cordis_cli::status::HostStatus;
-use cordis_engine::plan::Provider;
-use cordis_engine::registry::Registry;
 use cordis_engine::Host;
+use cordis_engine::Provider;
+use cordis_engine::Registry;
 
 use super::tools::tool_names;
 
@@ -16,7 +16,7 @@ pub(crate) fn services(host: &Host, state_dir: &std::path::Path) -> anyhow::Resu
     if let Ok((_plan, registry)) = &planned {
         print!("{}", describe_registry(registry));
     }
-    let running = HostStatus::live(state_dir, &host.manifest);
+    let running = HostStatus::live(state_dir, host.manifest());
     if running.is_empty() {
         println!("running: no `cordis run` is serving this manifest");
     }

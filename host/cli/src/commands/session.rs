@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Subcommand;
-use cordis_engine::runtime::Runtime;
 use cordis_engine::Host;
+use cordis_engine::Runtime;
 use dsh_sandbox::{
     ResolveArgs, SandboxMode, SandboxPolicy as _, SandboxPolicyClient, SetModeArgs, SANDBOX_POLICY,
 };
@@ -71,17 +71,17 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
                 Some(c) => c,
                 None => std::env::current_dir().context("cannot read the current directory")?,
             };
-            let info = host.sessions.create(&cwd)?;
+            let info = host.sessions().create(&cwd)?;
             println!("{}", info.id);
         }
         SessionCommand::List => {
-            for id in host.sessions.list() {
+            for id in host.sessions().list() {
                 println!("{id}");
             }
         }
         SessionCommand::Show { id } => {
-            let info = host.sessions.get(&id)?;
-            let events = host.sessions.events(&id, None)?;
+            let info = host.sessions().get(&id)?;
+            let events = host.sessions().events(&id, None)?;
             println!("session: {}\ncwd: {}", info.id, info.cwd.display());
             let runtime = Runtime::start(host)?;
             let policy = runtime.with_service(SANDBOX_POLICY, |p: &SandboxPolicyClient| {
@@ -105,7 +105,7 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
             runtime.shutdown();
         }
         SessionCommand::SetMode { id, mode } => {
-            host.sessions.get(&id)?;
+            host.sessions().get(&id)?;
             let runtime = Runtime::start(host)?;
             let outcome = runtime.with_service(SANDBOX_POLICY, |p: &SandboxPolicyClient| {
                 p.set_sandbox_mode(SetModeArgs {
@@ -118,7 +118,7 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
             println!("session {id}: mode {mode}");
         }
         SessionCommand::Prune { older_than } => {
-            let removed = host.sessions.prune(older_than)?;
+            let removed = host.sessions().prune(older_than)?;
             for id in &removed {
                 println!("{id}");
             }

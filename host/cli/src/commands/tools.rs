@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use cordis_engine::registry::Registry;
 use cordis_engine::Host;
+use cordis_engine::Registry;
 
 /// The registry's tool names, comma-separated (`-` for none).
 pub(crate) fn tool_names(registry: &Registry) -> String {

@@ -28,8 +28,8 @@ use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher};
 
 use crate::watch::{change_watcher, next_batch, reload_and_log, survive, Quiet};
-use cordis_engine::loader::{library_file_name, SearchPath};
-use cordis_engine::runtime::Runtime;
+use cordis_engine::Runtime;
+use cordis_engine::{library_file_name, SearchPath};
 use project::{project_of, Builds, Project};
 
 /// The enabled entries of `manifest` and their libraries: a `path:` relative to the
@@ -44,7 +44,7 @@ fn manifest_entries(
     let Ok(text) = std::fs::read_to_string(manifest) else {
         return Vec::new();
     };
-    let Ok(parsed) = cordis_engine::manifest::parse(&text) else {
+    let Ok(parsed) = cordis_engine::parse_manifest(&text) else {
         return Vec::new();
     };
     let base = manifest.parent().unwrap_or(Path::new("."));
@@ -209,11 +209,11 @@ pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow:
 }
 
 fn entry_libraries(runtime: &Runtime) -> Vec<(String, PathBuf)> {
-    runtime
-        .composition()
-        .plan
-        .entries
-        .iter()
-        .map(|p| (p.entry.id.clone(), p.library.path.clone()))
-        .collect()
+    runtime.inspect(|c| {
+        c.plan()
+            .entries
+            .iter()
+            .map(|p| (p.entry.id.clone(), p.library.path.clone()))
+            .collect()
+    })
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::cargo::{cargo, cargo_build_messages, cargo_metadata, Package};
-use cordis_engine::loader::library_file_name;
+use cordis_engine::library_file_name;
 
 /// A workspace member that builds a plugin library.
 #[derive(Debug)]

@@ -37,7 +37,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
-use cordis_engine::runtime::Runtime;
+use cordis_engine::Runtime;
 
 use crate::mcp::handles::Principal;
 use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
@@ -368,7 +368,7 @@ fn generate_token(state_dir: &Path) -> anyhow::Result<(String, PathBuf)> {
     let token = hex(&random_bytes(32).context("cannot make a bearer token")?);
     let path = state_dir.join(TOKEN_FILE);
     let write = || -> std::io::Result<()> {
-        cordis_engine::sessions::private_dir(state_dir, Path::new(""))?;
+        cordis_engine::private_dir(state_dir, Path::new(""))?;
         // A temporary file is created 0600 and renamed into place: the token is never
         // readable by others, nor half-written.
         let mut file = tempfile::NamedTempFile::new_in(state_dir)?;

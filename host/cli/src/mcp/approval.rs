@@ -161,7 +161,7 @@ pub(super) fn approval_params(request: &ApprovalRequest) -> Result<ElicitRequest
     .map_err(|e| e.to_string())?;
     let message = format!(
         "{}\nApprove this one call?",
-        cordis_engine::approval::render(request)
+        cordis_engine::render_approval(request)
     );
     Ok(ElicitRequestParams::FormElicitationParams {
         meta: None,

@@ -18,6 +18,8 @@ use rmcp::model::{CallToolResponse, MetaObject};
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::ErrorData;
 
+use cordis_engine::SessionStart;
+
 use super::{hex, lock, random_bytes, Hub, McpServer, Shared};
 
 /// The `_meta` key a 2026-07-28 client names its session by, and the server says it by.
@@ -179,11 +181,10 @@ impl Hub {
         let (root, why) = self
             .rooting
             .choose(Err("a 2026-07-28 client offers no roots".to_string()));
-        let session = self
-            .runtime
-            .host
-            .sessions
-            .create_with(&root, Some(cordis_engine::sessions::Origin::Call))
+        let why =
+            format!("{why} (a 2026-07-28 client; its handle is said in each result's `_meta`)");
+        let session = server
+            .open(SessionStart::ForOneCall(&root), &why)
             .map_err(|e| {
                 ErrorData::internal_error(
                     format!(
@@ -202,10 +203,7 @@ impl Hub {
             hex(&random)
         );
         let _ = server.shared.handle.set(handle.clone());
-        server.adopt(
-            session,
-            format!("{why} (a 2026-07-28 client; its handle is said in each result's `_meta`)"),
-        );
+        server.adopt(session);
         lock(&self.handles.map).insert(
             handle.clone(),
             Handle {

@@ -48,10 +48,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use cordis_engine::approval::Asker;
-
-use cordis_engine::registry::UnknownTool;
-use cordis_engine::runtime::Runtime;
+use cordis_engine::{Asker, OpenSession, Runtime, SessionError, SessionStart, UnknownTool};
 
 mod approval;
 mod call;

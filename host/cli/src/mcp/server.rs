@@ -9,7 +9,7 @@ pub(super) struct Shared {
     /// The connection's id in the hub.
     pub(super) id: u64,
     /// The cordis session, once the first call (or `--session`) settled it.
-    pub(super) session: tokio::sync::OnceCell<SessionInfo>,
+    pub(super) session: tokio::sync::OnceCell<OpenSession>,
     /// Per call id: where that call's approval requests go.
     pub(super) calls: Mutex<HashMap<String, mpsc::UnboundedSender<Ask>>>,
     /// Per running call id: the write end of its cancel pipe. Removing it cancels the call
@@ -48,8 +48,8 @@ impl Drop for Shared {
             lock(&self.hub.by_mcp_session).remove(id);
         }
         let calls = lock(&self.cancels).len();
-        if let Some(session) = self.session.get() {
-            self.hub.runtime.host.approvals.unbind(&session.id);
+        // The session's approval route ends with it (`OpenSession`).
+        if let Some(session) = self.session.get().map(OpenSession::info) {
             if self.hub.over_http() {
                 tracing::info!(
                     session = %session.id,
@@ -109,10 +109,22 @@ impl McpServer {
         &self.shared.hub.runtime
     }
 
-    /// Makes `session` (one to resume) this connection's session.
-    pub(super) fn adopt(&self, session: SessionInfo, why: String) {
-        let session = self.bind(session, why);
+    /// Makes `session` this connection's session.
+    pub(super) fn adopt(&self, session: OpenSession) {
         let _ = self.shared.session.set(session);
+    }
+
+    /// Opens a session at `start` whose approvals are asked through this connection, and
+    /// says why.
+    pub(super) fn open(
+        &self,
+        start: SessionStart<'_>,
+        why: &str,
+    ) -> Result<OpenSession, SessionError> {
+        let session = self.runtime().open_session(start, Some(self.asker()))?;
+        let info = session.info();
+        tracing::info!(session = %info.id, cwd = %info.cwd.display(), "mcp session: {why}");
+        Ok(session)
     }
 
     /// The connection's session: settled by the first call, rooted at the client's first
@@ -126,26 +138,15 @@ impl McpServer {
             .get_or_try_init(|| async {
                 let roots = client_roots(context).await;
                 let (root, why) = self.shared.hub.rooting.choose(roots);
-                let session = self.runtime().host.sessions.create(&root).map_err(|e| {
+                self.open(SessionStart::New(&root), &why).map_err(|e| {
                     format!(
                         "failed to create a session rooted at {}: {e}",
                         root.display()
                     )
-                })?;
-                Ok::<_, String>(self.bind(session, why))
+                })
             })
             .await
-            .cloned()
-    }
-
-    /// Binds `session` for approvals (asked through this connection), and says so.
-    pub(super) fn bind(&self, session: SessionInfo, why: String) -> SessionInfo {
-        tracing::info!(session = %session.id, cwd = %session.cwd.display(), "mcp session: {why}");
-        self.runtime()
-            .host
-            .approvals
-            .bind(&session.id, self.asker());
-        session
+            .map(|s| s.info().clone())
     }
 
     /// The asker bound to this connection's session: hands the request to the `tools/call`
@@ -174,7 +175,7 @@ impl McpServer {
 
     /// The model context of this connection's session (the default one before it starts).
     pub(super) fn context_now(&self) -> String {
-        let session = self.shared.session.get().map(|s| s.id.as_str());
+        let session = self.shared.session.get().map(|s| s.info().id.as_str());
         self.runtime().model_context(session)
     }
 
@@ -219,7 +220,7 @@ pub(super) fn is_modern(context: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }
 
-pub(super) fn as_tool(info: cordis_engine::runtime::ToolInfo) -> Tool {
+pub(super) fn as_tool(info: cordis_engine::ToolInfo) -> Tool {
     let schema: JsonObject = match info.input_schema {
         serde_json::Value::Object(o) => o,
         _ => {
@@ -292,7 +293,7 @@ impl ServerHandler for McpServer {
     }
 
     async fn on_roots_list_changed(&self, _context: NotificationContext<RoleServer>) {
-        match self.shared.session.get() {
+        match self.shared.session.get().map(OpenSession::info) {
             Some(session) => tracing::info!(
                 session = %session.id,
                 "the client's roots changed; the session stays rooted at {} (a session's root is pinned when it starts)",
@@ -333,7 +334,7 @@ impl ServerHandler for McpServer {
                 (named, _) => named,
             };
             let (handle, server) = hub.stateless_session(named, handles::principal(&context))?;
-            let Some(session) = server.shared.session.get().cloned() else {
+            let Some(session) = server.shared.session.get().map(|s| s.info().clone()) else {
                 return Ok(error_result("the session has no root yet".into()));
             };
             let mut response = server.run(&session, request, &context).await;
@@ -396,7 +397,7 @@ mod tests {
 
     #[test]
     fn a_tool_is_listed_with_its_schema_annotations_and_output_schema() {
-        let tool = as_tool(cordis_engine::runtime::ToolInfo {
+        let tool = as_tool(cordis_engine::ToolInfo {
             name: "read".into(),
             description: "reads".into(),
             input_schema: serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}}),
@@ -412,7 +413,7 @@ mod tests {
         assert_eq!(listed["annotations"]["readOnlyHint"], true);
         assert_eq!(listed["outputSchema"]["type"], "object");
         // A schema that is not an object is listed as an object schema, never dropped.
-        let bare = as_tool(cordis_engine::runtime::ToolInfo {
+        let bare = as_tool(cordis_engine::ToolInfo {
             name: "x".into(),
             description: String::new(),
             input_schema: serde_json::json!(true),

@@ -78,13 +78,10 @@ where
     let hub = Hub::new(runtime, &options, None)?;
     let server = McpServer::attach(hub.clone());
     if let Some(id) = &hub.resume {
-        let session = hub
-            .runtime
-            .host
-            .sessions
-            .get(id)
+        let session = server
+            .open(SessionStart::Resume(id), "resuming the session")
             .map_err(|e| anyhow::anyhow!("{e}; omit --session to start a new session"))?;
-        server.adopt(session, "resuming the session".into());
+        server.adopt(session);
     }
     let forward = hub.forward_tool_changes(&notifier);
     let result = match io() {
