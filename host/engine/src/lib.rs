@@ -8,6 +8,7 @@
 //! transaction). Every module is private; what a front-end may use is re-exported here.
 
 mod approval;
+pub mod codes;
 mod diag;
 mod host_services;
 mod loader;

@@ -19,6 +19,7 @@ use cordis_sdk::host::{
 use cordis_sdk::{CallContext, Interface, InterfaceMismatch, ToolResult};
 use tracing::Level;
 
+use crate::codes;
 use crate::loader::ServiceSpec;
 use crate::plan::{Plan, Planned, Provider};
 
@@ -463,7 +464,7 @@ impl HostCtxObj for ApplyCtx<'_> {
         let meta = &self.planned.library.meta;
         let Some(spec) = meta.provides.iter().find(|s| s.name == name.as_str()) else {
             return RResult::RErr(rerr(
-                "UNDECLARED_SERVICE",
+                codes::UNDECLARED_SERVICE,
                 format!(
                     "plugin `{}` provides `{name}` without declaring it",
                     meta.name
@@ -478,7 +479,7 @@ impl HostCtxObj for ApplyCtx<'_> {
             (actual.interface.as_str(), actual.version),
         ) {
             return RResult::RErr(rerr(
-                "INTERFACE_MISMATCH",
+                cordis_sdk::codes::INTERFACE_MISMATCH,
                 format!(
                     "plugin `{}` provides a service other than the one it declared: {}",
                     meta.name,
@@ -489,7 +490,7 @@ impl HostCtxObj for ApplyCtx<'_> {
         }
         if self.registry.services.contains_key(name.as_str()) {
             return RResult::RErr(rerr(
-                "DUPLICATE_SERVICE",
+                codes::DUPLICATE_SERVICE,
                 format!("service `{name}` is already provided"),
                 None,
             ));
@@ -513,7 +514,7 @@ impl HostCtxObj for ApplyCtx<'_> {
         let extras = self.registry.tool_extras.take_pending(&name);
         if let Some(existing) = self.registry.tools.get(&name) {
             return RResult::RErr(rerr(
-                "DUPLICATE_TOOL",
+                codes::DUPLICATE_TOOL,
                 format!(
                     "tool `{name}` is already registered by entry `{}`",
                     existing.entry

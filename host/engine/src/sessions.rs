@@ -14,6 +14,8 @@ use cordis_sdk::host::{EventQuery, NewEvent, SessionEvent, Sessions};
 use cordis_sdk::{Error, Result, SessionInfo};
 use serde::{Deserialize, Serialize};
 
+use crate::codes;
+
 /// The environment variable naming the state directory.
 pub(crate) const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";
 
@@ -502,9 +504,9 @@ fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(
 
 fn to_sdk(e: SessionError) -> Error {
     let code = match e {
-        SessionError::NotFound(_) => "SESSION_NOT_FOUND",
+        SessionError::NotFound(_) => codes::SESSION_NOT_FOUND,
         SessionError::InvalidId(_) => cordis_sdk::codes::INVALID_ARGUMENT,
-        _ => "SESSION_STORE",
+        _ => codes::SESSION_STORE,
     };
     Error::new(code, e.to_string())
 }
@@ -825,6 +827,7 @@ mod tests {
         assert_eq!(service.info(info.id.clone()).unwrap().cwd, info.cwd);
         let code = |id: &str| service.info(id.to_string()).unwrap_err().code;
         assert_eq!(code("s0"), "SESSION_NOT_FOUND");
+        assert_eq!(code("s0"), codes::SESSION_NOT_FOUND);
         assert_eq!(code("../x"), cordis_sdk::codes::INVALID_ARGUMENT);
     }
 

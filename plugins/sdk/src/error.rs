@@ -69,20 +69,65 @@ impl Error {
     }
 }
 
+/// A runtime error code (the `code` of an [`Error`]) and what it means, as
+/// `cordis check --explain` shows it. [`error_codes!`](crate::error_codes) declares them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorCode {
+    /// The stable name, e.g. `FS_SANDBOX_DENIED`.
+    pub name: &'static str,
+    /// What it means, on one line.
+    pub explanation: &'static str,
+}
+
+/// Declares error codes: for each `/// what it means` and `NAME;`, a
+/// `pub const NAME: &str = "NAME"` documented by that text, and `ALL`, every code of the
+/// invocation as an [`ErrorCode`] whose explanation is the doc text on one line. An
+/// interface crate declares its codes in its `codes` module with it, and the `cordis`
+/// binary lists every such `ALL` for `cordis check --explain`.
+///
+/// ```
+/// pub mod codes {
+///     cordis_sdk::error_codes! {
+///         /// The clock has not been set.
+///         CLOCK_UNSET;
+///         /// The time asked for is before the epoch.
+///         CLOCK_BEFORE_EPOCH;
+///     }
+/// }
+/// assert_eq!(codes::CLOCK_UNSET, "CLOCK_UNSET");
+/// assert_eq!(codes::ALL[1].explanation, "The time asked for is before the epoch.");
+/// ```
+#[macro_export]
+macro_rules! error_codes {
+    ($($(#[doc = $doc:literal])+ $name:ident;)*) => {
+        $(
+            $(#[doc = $doc])+
+            pub const $name: &str = stringify!($name);
+        )*
+        /// Every code of this module, with what it means.
+        pub const ALL: &[$crate::ErrorCode] = &[$($crate::ErrorCode {
+            name: $name,
+            explanation: concat!($($doc),+).trim_ascii(),
+        }),*];
+    };
+}
+
 /// Error codes the SDK itself produces.
 pub mod codes {
-    /// A plugin panicked; the panic was caught at the boundary.
-    pub const PANIC: &str = "PANIC";
-    /// Arguments or config did not match what was expected.
-    pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
-    /// A method the service does not have.
-    pub const UNKNOWN_METHOD: &str = "UNKNOWN_METHOD";
-    /// A consumer asked for an interface the provider does not implement.
-    pub const INTERFACE_MISMATCH: &str = "INTERFACE_MISMATCH";
-    /// A required service is not composed.
-    pub const MISSING_SERVICE: &str = "MISSING_SERVICE";
-    /// Anything else.
-    pub const INTERNAL: &str = "INTERNAL";
+    error_codes! {
+        /// A plugin panicked; the panic was caught at the boundary.
+        PANIC;
+        /// Arguments or config did not match what was expected.
+        INVALID_ARGUMENT;
+        /// A method the service does not have.
+        UNKNOWN_METHOD;
+        /// A consumer asked for an interface the provider does not implement.
+        INTERFACE_MISMATCH;
+        /// A required service is not composed.
+        MISSING_SERVICE;
+        /// Anything else: an unexpected failure in a plugin or the host.
+        INTERNAL;
+    }
 }
 
 impl fmt::Display for Error {
@@ -163,6 +208,46 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    mod declared {
+        error_codes! {
+            /// The first line of a longer
+            /// explanation.
+            LONG_ONE;
+            /// Short.
+            SHORT;
+        }
+    }
+
+    #[test]
+    fn declared_codes_are_their_names_and_explained_on_one_line() {
+        assert_eq!((declared::LONG_ONE, declared::SHORT), ("LONG_ONE", "SHORT"));
+        assert_eq!(
+            declared::ALL,
+            [
+                ErrorCode {
+                    name: "LONG_ONE",
+                    explanation: "The first line of a longer explanation.",
+                },
+                ErrorCode {
+                    name: "SHORT",
+                    explanation: "Short.",
+                },
+            ]
+        );
+        let names: Vec<&str> = codes::ALL.iter().map(|c| c.name).collect();
+        assert_eq!(
+            names,
+            [
+                codes::PANIC,
+                codes::INVALID_ARGUMENT,
+                codes::UNKNOWN_METHOD,
+                codes::INTERFACE_MISMATCH,
+                codes::MISSING_SERVICE,
+                codes::INTERNAL
+            ]
+        );
     }
 
     #[test]

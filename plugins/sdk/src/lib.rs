@@ -222,7 +222,7 @@ mod log;
 mod plugin;
 mod service;
 
-pub use error::{codes, Error, Result};
+pub use error::{codes, Error, ErrorCode, Result};
 pub use plugin::{
     report_progress, CallContext, Context, Metadata, Plugin, Progress, SessionInfo, Tool,
     ToolAnnotations, ToolOptions, ToolResult, MAX_PROGRESS_LINE,

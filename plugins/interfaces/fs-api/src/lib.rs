@@ -67,29 +67,31 @@ pub const FS: &str = "fs";
 
 /// Error codes of the `fs` interface (`Error::code`).
 pub mod codes {
-    /// The policy fence refused a mutation; `data` is `{"mode": "<mode>"}`.
-    pub const FS_SANDBOX_DENIED: &str = "FS_SANDBOX_DENIED";
-    /// The operating system refused (EACCES/EPERM/EROFS).
-    pub const FS_PERMISSION_DENIED: &str = "FS_PERMISSION_DENIED";
-    /// No such file or directory.
-    pub const FS_NOT_FOUND: &str = "FS_NOT_FOUND";
-    /// The file is not UTF-8 text (a NUL byte or invalid UTF-8: binary content).
-    pub const FS_NOT_TEXT: &str = "FS_NOT_TEXT";
-    /// The path is not the kind of object the operation needs: a directory where a file
-    /// was expected (or the reverse), or a FIFO, socket or device where a regular file was.
-    pub const FS_WRONG_KIND: &str = "FS_WRONG_KIND";
-    /// `edit_text`: `old_string` was not found.
-    pub const FS_EDIT_NO_MATCH: &str = "FS_EDIT_NO_MATCH";
-    /// `edit_text`: `old_string` matched more than once and `replace_all` was false.
-    pub const FS_EDIT_AMBIGUOUS: &str = "FS_EDIT_AMBIGUOUS";
-    /// The file (or an edit's result) is larger than an operation that handles it whole
-    /// accepts.
-    pub const FS_TOO_LARGE: &str = "FS_TOO_LARGE";
-    /// A read of a process's own `/proc` entries (`/proc/self`, `/proc/<pid>`, …), which
-    /// would reveal the host's environment, memory or open files.
-    pub const FS_READ_DENIED: &str = "FS_READ_DENIED";
-    /// Any other I/O error.
-    pub const FS_IO: &str = "FS_IO";
+    cordis_sdk::error_codes! {
+        /// The policy fence refused a mutation; `data` is `{"mode": "<mode>"}`.
+        FS_SANDBOX_DENIED;
+        /// The operating system refused (EACCES/EPERM/EROFS).
+        FS_PERMISSION_DENIED;
+        /// No such file or directory.
+        FS_NOT_FOUND;
+        /// The file is not UTF-8 text (a NUL byte or invalid UTF-8: binary content).
+        FS_NOT_TEXT;
+        /// The path is not the kind of object the operation needs: a directory where a file
+        /// was expected (or the reverse), or a FIFO, socket or device where a regular file was.
+        FS_WRONG_KIND;
+        /// `edit_text`: `old_string` was not found.
+        FS_EDIT_NO_MATCH;
+        /// `edit_text`: `old_string` matched more than once and `replace_all` was false.
+        FS_EDIT_AMBIGUOUS;
+        /// The file (or an edit's result) is larger than an operation that handles it whole
+        /// accepts.
+        FS_TOO_LARGE;
+        /// A read of a process's own `/proc` entries (`/proc/self`, `/proc/<pid>`, …), which
+        /// would reveal the host's environment, memory or open files.
+        FS_READ_DENIED;
+        /// Any other I/O error.
+        FS_IO;
+    }
 }
 
 /// What kind of filesystem object.

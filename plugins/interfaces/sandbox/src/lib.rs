@@ -602,19 +602,21 @@ pub struct SetModeArgs {
 /// and [`SandboxPolicy::set_sandbox_mode`] fail with the first three; the policy owner
 /// refuses its config with the last two.
 pub mod codes {
-    /// A session's `sandbox/mode` event holds a value outside the closed vocabulary (the
-    /// log was edited or is corrupt); the session cannot be used.
-    pub const SANDBOX_FORGED_MODE: &str = "SANDBOX_FORGED_MODE";
-    /// The session could not be read from the host's session store.
-    pub const SANDBOX_UNKNOWN_SESSION: &str = "SANDBOX_UNKNOWN_SESSION";
-    /// A workspace root (configured or a session's cwd) is not a usable directory, no
-    /// longer names the directory its session was created in, or would make the whole
-    /// file system or the home directory writable.
-    pub const SANDBOX_BAD_ROOT: &str = "SANDBOX_BAD_ROOT";
-    /// A `writableRoots`, `protectedPaths` or `denyRead` entry is not usable.
-    pub const SANDBOX_BAD_PATH: &str = "SANDBOX_BAD_PATH";
-    /// The host's state directory lies inside a writable root.
-    pub const SANDBOX_STATE_DIR_WRITABLE: &str = "SANDBOX_STATE_DIR_WRITABLE";
+    cordis_sdk::error_codes! {
+        /// A session's `sandbox/mode` event holds a value outside the closed vocabulary (the
+        /// log was edited or is corrupt); the session cannot be used.
+        SANDBOX_FORGED_MODE;
+        /// The session could not be read from the host's session store.
+        SANDBOX_UNKNOWN_SESSION;
+        /// A workspace root (configured or a session's cwd) is not a usable directory, no
+        /// longer names the directory its session was created in, or would make the whole
+        /// file system or the home directory writable.
+        SANDBOX_BAD_ROOT;
+        /// A `writableRoots`, `protectedPaths` or `denyRead` entry is not usable.
+        SANDBOX_BAD_PATH;
+        /// The host's state directory lies inside a writable root.
+        SANDBOX_STATE_DIR_WRITABLE;
+    }
 }
 
 /// The registry name of the policy service.

@@ -65,10 +65,12 @@ pub const SHELL: &str = "shell";
 
 /// Error codes of the `shell` interface.
 pub mod codes {
-    /// The kernel sandbox cannot be enforced here; the command was NOT run.
-    pub const SHELL_SANDBOX_UNAVAILABLE: &str = "SHELL_SANDBOX_UNAVAILABLE";
-    /// The command could not be started.
-    pub const SHELL_SPAWN: &str = "SHELL_SPAWN";
+    cordis_sdk::error_codes! {
+        /// The kernel sandbox cannot be enforced here; the command was NOT run.
+        SHELL_SANDBOX_UNAVAILABLE;
+        /// The command could not be started.
+        SHELL_SPAWN;
+    }
 }
 
 /// Default timeout when a request names none.
