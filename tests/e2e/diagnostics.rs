@@ -1,6 +1,7 @@
 //! Operator diagnostics end to end: the rendered output of `cordis check` for broken
 //! manifests (snapshots, with line, column and caret), its JSON form, the generated
-//! `schemas/` against the bundled and known-bad manifests, and `cordis schema --check`.
+//! `schemas/` against the bundled and known-bad manifests, `cordis schema --check`, and
+//! `cordis check --explain` over the diagnostics and the runtime error codes.
 
 use cordis_e2e::Scratch;
 use expect_test::{expect, Expect};
@@ -169,21 +170,61 @@ fn every_code_is_explained() {
     let s = Scratch::new();
     let run = s.run(&["check", "--explain"]);
     run.expect_code(0);
-    let listed: Vec<String> = run
-        .stdout()
-        .lines()
-        .map(|l| l.split(' ').next().unwrap_or("").to_string())
-        .collect();
+    let stdout = run.stdout();
+    let (diagnostics, runtime) = stdout
+        .split_once(&format!("\n\n{}\n", cordis_cli::codes::RUNTIME_HEADING))
+        .expect("the diagnostics, then the runtime codes");
+    let listed = |text: &str, end: char| -> Vec<String> {
+        text.lines()
+            .map(|l| l.split(end).next().unwrap_or("").to_string())
+            .collect()
+    };
     let registry: Vec<&str> = cordis_engine::CODES.iter().map(|c| c.name).collect();
-    assert_eq!(listed, registry);
+    assert_eq!(listed(diagnostics, ' '), registry);
+    let runtime_codes: Vec<&str> = cordis_cli::codes::runtime().map(|c| c.name).collect();
+    assert_eq!(listed(runtime, ':'), runtime_codes);
+    for code in [
+        cordis_sdk::codes::MISSING_SERVICE,
+        cordis_sdk::host::codes::SESSION_NOT_FOUND,
+        dsh_fs_api::codes::FS_SANDBOX_DENIED,
+        dsh_shell_api::codes::SHELL_SANDBOX_UNAVAILABLE,
+        dsh_sandbox::codes::SANDBOX_BAD_ROOT,
+    ] {
+        assert!(runtime_codes.contains(&code), "{code} is not listed");
+    }
     s.run(&["check", "--explain", "missing-service"])
         .expect_code(0)
         .expect_output(&[
             "missing-service (error): an entry requires a service no enabled entry provides",
+            "also reported at run time as `MISSING_SERVICE`",
         ]);
     s.run(&["check", "--explain", "missing-servce"])
         .expect_code(1)
-        .expect_output(&["no diagnostic code `missing-servce`; did you mean `missing-service`?"]);
+        .expect_output(&[
+            "no diagnostic or error code `missing-servce`; did you mean `missing-service`?",
+        ]);
+}
+
+#[test]
+fn a_runtime_error_code_is_explained() {
+    let s = Scratch::new();
+    let run = s.run(&["check", "--explain", "FS_SANDBOX_DENIED"]);
+    run.expect_code(0);
+    assert_eq!(
+        run.stdout(),
+        "FS_SANDBOX_DENIED: The policy fence refused a mutation; `data` is `{\"mode\": \"<mode>\"}`.\n"
+    );
+    s.run(&["check", "--explain", "MISSING_SERVICE"])
+        .expect_code(0)
+        .expect_output(&[
+            "MISSING_SERVICE: A required service is not composed.",
+            "the same problem found in cordis.yml is the diagnostic `missing-service`",
+        ]);
+    s.run(&["check", "--explain", "FS_SANDBOX_DENID"])
+        .expect_code(1)
+        .expect_output(&[
+            "no diagnostic or error code `FS_SANDBOX_DENID`; did you mean `FS_SANDBOX_DENIED`?",
+        ]);
 }
 
 /// The codes of `cordis check --format json` on `manifest`, in order, and the items.

@@ -1,11 +1,13 @@
 //! The front-ends of the `cordis` binary over [`cordis_engine`]: the MCP server ([`mcp`],
 //! over stdio and, with [`http`], over Streamable HTTP),
 //! the watcher that hot-reloads ([`watch`]), the `--dev` build loop ([`dev`]), a running
-//! host's status file ([`status`]), `cordis new` ([`scaffold`]) and `cordis plugin`
-//! ([`plugins`]). A library only so the end-to-end tests, the benchmarks and the fuzz
-//! targets drive the same code; not an API.
+//! host's status file ([`status`]), `cordis new` ([`scaffold`]), `cordis plugin`
+//! ([`plugins`]) and every code `cordis check --explain` explains ([`codes`]). A library
+//! only so the end-to-end tests, the benchmarks and the fuzz targets drive the same code;
+//! not an API.
 
 pub mod cargo;
+pub mod codes;
 pub mod dev;
 pub mod http;
 pub mod mcp;

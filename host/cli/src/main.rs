@@ -47,8 +47,8 @@ enum Command {
         /// `human` (cargo-style, with the plan) or `json` (diagnostics for editors and CI).
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
-        /// Explain a diagnostic code (e.g. `missing-service`) instead of checking; without
-        /// a code, list every code.
+        /// Explain a diagnostic code (e.g. `missing-service`) or a runtime error code (e.g.
+        /// `FS_SANDBOX_DENIED`) instead of checking; without a code, list every code.
         #[arg(long, value_name = "CODE", num_args = 0..=1, default_missing_value = "")]
         explain: Option<String>,
     },

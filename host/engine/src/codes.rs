@@ -1,13 +1,8 @@
-//! Error codes the host itself produces (the `code` of a [`cordis_sdk::Error`]): those of
-//! the `sessions` host service and of the registry while an entry is applied. The SDK's
-//! own codes are [`cordis_sdk::codes`].
+//! Error codes the registry produces while an entry is applied (the `code` of a
+//! [`cordis_sdk::Error`]). The SDK's own codes are [`cordis_sdk::codes`], those of the host
+//! services [`cordis_sdk::host::codes`].
 
 cordis_sdk::error_codes! {
-    /// No session has this id (`cordis session list` shows them).
-    SESSION_NOT_FOUND;
-    /// A session log could not be read or written (an I/O error or a corrupt line), or the
-    /// session's cwd is not a usable directory.
-    SESSION_STORE;
     /// A plugin provided a service its metadata does not declare.
     UNDECLARED_SERVICE;
     /// A plugin provided a service that is already provided.
@@ -15,3 +10,17 @@ cordis_sdk::error_codes! {
     /// A plugin registered a tool whose name another entry has already registered.
     DUPLICATE_TOOL;
 }
+
+/// A diagnostic and a runtime code that name one problem: `cordis check` finds it in
+/// `cordis.yml`, a plugin or the host meets it at run time.
+pub const SAME_PROBLEM: &[(&crate::diag::Code, &str)] = &[
+    (
+        crate::diag::MISSING_SERVICE,
+        cordis_sdk::codes::MISSING_SERVICE,
+    ),
+    (
+        crate::diag::INTERFACE_MISMATCH,
+        cordis_sdk::codes::INTERFACE_MISMATCH,
+    ),
+    (crate::diag::DUPLICATE_PROVIDER, DUPLICATE_SERVICE),
+];

@@ -14,7 +14,7 @@ use cordis_sdk::host::{EventQuery, NewEvent, SessionEvent, Sessions};
 use cordis_sdk::{Error, Result, SessionInfo};
 use serde::{Deserialize, Serialize};
 
-use crate::codes;
+use cordis_sdk::host::codes;
 
 /// The environment variable naming the state directory.
 pub(crate) const STATE_DIR_ENV: &str = "CORDIS_STATE_DIR";

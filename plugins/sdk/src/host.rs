@@ -8,6 +8,17 @@ use crate::plugin::SessionInfo;
 /// The registry name of the host's session store.
 pub const SESSIONS: &str = "sessions";
 
+/// Error codes of the host's services (`Error::code`).
+pub mod codes {
+    crate::error_codes! {
+        /// No session has this id (`cordis session list` shows them).
+        SESSION_NOT_FOUND;
+        /// A session log could not be read or written (an I/O error or a corrupt line), or
+        /// the session's cwd is not a usable directory.
+        SESSION_STORE;
+    }
+}
+
 /// One event in a session log.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SessionEvent {

@@ -1,4 +1,5 @@
-//! `cordis check`: validate the composition and print the plan (or `--explain CODE`).
+//! `cordis check`: validate the composition and print the plan (or `--explain CODE`, for a
+//! diagnostic or a runtime error code).
 
 use std::process::ExitCode;
 
@@ -8,27 +9,17 @@ use cordis_engine::{Plan, Provider};
 use super::Format;
 
 pub(crate) fn explain(code: &str) -> anyhow::Result<ExitCode> {
-    use cordis_engine::{diagnostic_code, Code, CODES};
-    let line = |c: &Code| format!("{} ({}): {}", c.name, c.severity.as_str(), c.explanation);
+    use cordis_cli::codes;
     if code.is_empty() {
-        for c in CODES {
-            println!("{}", line(c));
-        }
+        print!("{}", codes::list());
         return Ok(ExitCode::SUCCESS);
     }
-    match diagnostic_code(code) {
-        Some(c) => {
-            println!("{}", line(c));
+    match codes::explain(code) {
+        Ok(text) => {
+            print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
-        None => {
-            let names: Vec<&str> = CODES.iter().map(|c| c.name).collect();
-            let hint = match cordis_engine::closest(code, &names) {
-                Some(name) => format!("did you mean `{name}`?"),
-                None => "`cordis check --explain` lists every code".to_string(),
-            };
-            anyhow::bail!("no diagnostic code `{code}`; {hint}")
-        }
+        Err(e) => anyhow::bail!(e),
     }
 }
 
