@@ -1,9 +1,9 @@
 //! Services the host itself provides to every composition. Plugins inject them by name like
 //! any other service; the host implements them.
 
-use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
-use crate::plugin::SessionInfo;
+use serde::{Deserialize, Serialize};
 
 /// The registry name of the host's session store.
 pub const SESSIONS: &str = "sessions";
@@ -17,6 +17,20 @@ pub mod codes {
         /// the session's cwd is not a usable directory.
         SESSION_STORE;
     }
+}
+
+/// The session a tool call runs in, as the host hands it to the tool.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SessionInfo {
+    /// The session id.
+    pub id: String,
+    /// The session's immutable, canonical working directory.
+    pub cwd: PathBuf,
+    /// The identity of that directory when the session was created (device and inode), so
+    /// a consumer can check that `cwd` still names the same directory; `None` in logs
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd_id: Option<(u64, u64)>,
 }
 
 /// One event in a session log.

@@ -223,9 +223,10 @@ mod plugin;
 mod service;
 
 pub use error::{codes, Error, ErrorCode, Result};
+pub use host::SessionInfo;
 pub use plugin::{
-    report_progress, CallContext, Context, Metadata, Plugin, Progress, SessionInfo, Tool,
-    ToolAnnotations, ToolOptions, ToolResult, MAX_PROGRESS_LINE,
+    report_progress, CallContext, Context, Metadata, Plugin, Progress, Tool, ToolAnnotations,
+    ToolOptions, ToolResult, MAX_PROGRESS_LINE,
 };
 pub use service::{decode_args, encode_result, serve, Interface, InterfaceMismatch, Service};
 

@@ -2,7 +2,6 @@
 //! `apply`, tools, and the glue [`crate::export_plugin!`] expands to.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use abi_stable::{
@@ -18,6 +17,7 @@ use crate::abi::{
     ServiceObj_TO, ToolDecl, ToolObj, ToolObj_TO, ToolOutput,
 };
 use crate::error::{codes, from_panic, Error, Result};
+use crate::host::SessionInfo;
 use crate::log::with_logger;
 use crate::service::{Interface, Service};
 
@@ -134,20 +134,6 @@ impl Metadata {
     pub fn name(&self) -> &str {
         &self.name
     }
-}
-
-/// The session a tool call runs in, as the host hands it to the tool.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SessionInfo {
-    /// The session id.
-    pub id: String,
-    /// The session's immutable, canonical working directory.
-    pub cwd: PathBuf,
-    /// The identity of that directory when the session was created (device and inode), so
-    /// a consumer can check that `cwd` still names the same directory; `None` in logs
-    /// written before it was recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cwd_id: Option<(u64, u64)>,
 }
 
 /// Everything a tool call knows besides its arguments.
