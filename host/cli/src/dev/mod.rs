@@ -18,6 +18,7 @@
 //! up to date with the sources.
 
 mod project;
+mod sources;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
