@@ -533,6 +533,19 @@ mod tests {
         v
     }
 
+    /// Every entry of [`running`] restarted on its old config: consumers disposed first,
+    /// providers applied first.
+    const RESTART_ALL: [&str; 8] = [
+        "dispose tools",
+        "dispose shell",
+        "dispose fs",
+        "dispose policy",
+        "apply policy {\"mode\":\"ro\"}",
+        "apply fs {}",
+        "apply shell {}",
+        "apply tools {}",
+    ];
+
     #[test]
     fn a_reload_disposes_consumers_first_and_applies_providers_first() {
         let old = planned(running());
@@ -542,19 +555,7 @@ mod tests {
         let mut fake = started(&old);
         let changes = replace(&mut fake, &old, &new).unwrap();
         assert_eq!(changes.restarted, set(&["policy", "fs", "shell", "tools"]));
-        assert_eq!(
-            fake.log,
-            [
-                "dispose tools",
-                "dispose shell",
-                "dispose fs",
-                "dispose policy",
-                "apply policy {\"mode\":\"ro\"}",
-                "apply fs {}",
-                "apply shell {}",
-                "apply tools {}",
-            ]
-        );
+        assert_eq!(fake.log, RESTART_ALL);
     }
 
     #[test]
@@ -615,19 +616,7 @@ mod tests {
             .rev()
             .map(String::as_str)
             .collect();
-        assert_eq!(
-            tail,
-            [
-                "dispose tools",
-                "dispose shell",
-                "dispose fs",
-                "dispose policy",
-                "apply policy {\"mode\":\"ro\"}",
-                "apply fs {}",
-                "apply shell {}",
-                "apply tools {}",
-            ]
-        );
+        assert_eq!(tail, RESTART_ALL);
     }
 
     #[test]
