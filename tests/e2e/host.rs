@@ -387,6 +387,45 @@ fn two_entries_of_one_library_log_under_their_own_ids() {
     }
 }
 
+/// The host checks every call's arguments against the tool's input schema: a wrong type,
+/// a missing or an unknown argument is an error result naming the argument, and the tool
+/// (which logs each greeting) never runs; the same call with the right type does.
+#[test]
+fn arguments_that_break_the_tools_schema_never_reach_the_tool() {
+    let s = Scratch::new();
+    s.manifest("- name: cordis-example\n- name: fixture-greeter-consumer\n");
+    for (args, expected) in [
+        (r#"{"name": 5}"#, "`name`: 5 is not of type \"string\""),
+        (
+            r#"{"name": ["Ada"]}"#,
+            "`name`: [\"Ada\"] is not of type \"string\"",
+        ),
+    ] {
+        let run = s.run_with_log(&["call", "greet-via-service", args], "info");
+        run.expect_code(1).expect_output(&[
+            &format!("`greet-via-service`: invalid arguments: {expected}. The tool did not run"),
+            "[INVALID_ARGUMENT]",
+        ]);
+        assert!(!run.stderr().contains("greeting"), "{}", run.stderr());
+    }
+    // The example's typed tool: its schema (generated from its argument type) requires
+    // `name` and refuses unknown fields.
+    for (args, expected) in [
+        ("{}", "\"name\" is a required property"),
+        (r#"{"name": "Ada", "nmae": 1}"#, "nmae"),
+    ] {
+        s.run(&["call", "greet", args])
+            .expect_code(1)
+            .expect_output(&["`greet`: invalid arguments: ", expected]);
+    }
+    s.run(&["call", "greet", r#"{"name": "Ada"}"#])
+        .expect_code(0)
+        .expect_output(&["hello, Ada"]);
+    let run = s.run_with_log(&["call", "greet-via-service", r#"{"name": "Ada"}"#], "info");
+    run.expect_code(0)
+        .expect_output(&["hello, Ada", "greeting Ada"]);
+}
+
 #[test]
 fn session_ids_that_are_not_ids_are_refused_before_any_file_is_read() {
     let s = Scratch::with_bundled_manifest();
@@ -509,6 +548,84 @@ fn a_client_on_a_socket_rather_than_a_pipe_is_served_too() {
         .shutdown(std::net::Shutdown::Write)
         .expect("end the input");
     assert!(child.0.wait().expect("wait").success());
+}
+
+/// A session command that only edits an existing session applies the composition in that
+/// session's root: run from the parent of the state directory (where a new session would
+/// be refused, the state directory lying inside its root), `set-mode` and `show` work; a
+/// new session there is still refused.
+#[test]
+fn session_commands_apply_the_guards_of_the_sessions_root_not_of_where_they_run() {
+    let s = Scratch::with_bundled_manifest();
+    let ws = s.path().join("ws");
+    std::fs::create_dir(&ws).expect("the session's root");
+    let state = s.path().join("state");
+    let run = |args: &[&str]| {
+        let mut cmd = s.cordis(args);
+        cmd.env("CORDIS_STATE_DIR", "state");
+        s.run_command(cmd, &format!("cordis {}", args.join(" ")))
+    };
+    let created = run(&["session", "new", "--cwd", "ws"]);
+    created.expect_code(0);
+    let id = created.stdout().trim().to_string();
+    assert!(state.join("sessions").join(format!("{id}.jsonl")).is_file());
+    run(&["session", "set-mode", &id, "read-only"])
+        .expect_code(0)
+        .expect_output(&["mode read-only"]);
+    let shown = run(&["session", "show", &id]);
+    shown.expect_code(0);
+    let ws = ws.canonicalize().expect("canonical root");
+    assert!(
+        shown.stdout().contains(&format!(
+            "sandbox policy: read-only (workspace root {})",
+            ws.display()
+        )),
+        "{}",
+        shown.stdout()
+    );
+    let refused = run(&["call", "list", r#"{"path": "."}"#]);
+    refused.expect_code(2);
+    assert!(
+        refused.stderr().contains("SANDBOX_STATE_DIR_WRITABLE"),
+        "{}",
+        refused.stderr()
+    );
+}
+
+/// `cordis call --format json` prints the whole result, its structured content included,
+/// as one JSON object; the default prints the text only.
+#[test]
+fn cordis_call_prints_the_whole_result_as_json() {
+    let s = Scratch::with_bundled_manifest();
+    let run = s.run(&[
+        "call",
+        "--format",
+        "json",
+        "bash",
+        r#"{"command": "echo hi; exit 3"}"#,
+    ]);
+    run.expect_code(1);
+    let result: serde_json::Value =
+        serde_json::from_str(run.stdout().trim()).expect("one JSON object");
+    assert_eq!(result["isError"], true, "{result}");
+    assert_eq!(result["structuredContent"]["exit_code"], 3, "{result}");
+    assert_eq!(result["structuredContent"]["stdout"], "hi\n", "{result}");
+    assert!(
+        result["text"].as_str().is_some_and(|t| t.contains("hi")),
+        "{result}"
+    );
+    assert!(
+        result["session"].as_str().is_some_and(|id| !id.is_empty()),
+        "{result}"
+    );
+    let human = s.run(&["call", "bash", r#"{"command": "echo hi"}"#]);
+    human.expect_code(0);
+    assert!(
+        !human.stdout().contains("structuredContent"),
+        "{}",
+        human.stdout()
+    );
+    assert!(human.stdout().contains("hi"), "{}", human.stdout());
 }
 
 /// `cordis call` marks the session it makes; `cordis session prune` removes those when they

@@ -229,6 +229,15 @@ fn broken( {{
             let (_, text) = greet();
             (text == "hello, Ada! (fixed)").then_some(())
         });
+
+        // Saved again as it was: cargo rebuilds the same bytes, and the log says so.
+        let src = plugin.dir.join("src/lib.rs");
+        let same = std::fs::read(&src).expect("read src/lib.rs");
+        std::fs::write(&src, same).expect("save src/lib.rs unchanged");
+        eventually("the unchanged rebuild", || {
+            log().contains("dev: unchanged").then_some(())
+        });
+        assert_eq!(greet(), (false, "hello, Ada! (fixed)".to_string()));
         assert!(mcp.finish().success());
         let log = log();
         assert!(

@@ -1528,32 +1528,32 @@ fn empty_and_odd_values_get_clear_errors() {
         (
             "write",
             json!({"path": "a.txt"}),
-            Want::Error("missing field `content`"),
+            Want::Error("invalid arguments: \"content\" is a required property"),
         ),
         (
             "write",
             json!({"path": "a.txt", "content": null}),
-            Want::Error("invalid type: null"),
+            Want::Error("invalid arguments: `content`: null is not of type \"string\""),
         ),
         (
             "edit",
             json!({"path": "a.txt", "old_string": "x"}),
-            Want::Error("missing field `new_string`"),
+            Want::Error("invalid arguments: \"new_string\" is a required property"),
         ),
         (
             "edit",
             json!({"path": "a.txt", "old_string": "x", "new_string": "y", "replace_all": "yes"}),
-            Want::Error("invalid type: string \"yes\", expected a boolean"),
+            Want::Error("invalid arguments: `replace_all`: \"yes\" is not of type"),
         ),
         (
             "read",
             json!({"path": "a.txt", "offset": -1}),
-            Want::Error("invalid value: integer `-1`"),
+            Want::Error("invalid arguments: `offset`: -1 is less than the minimum of 1"),
         ),
         (
             "read",
             json!({"path": "a.txt", "offset": 1.5}),
-            Want::Error("invalid type: floating point"),
+            Want::Error("invalid arguments: `offset`: 1.5 is not of type"),
         ),
         (
             "bash",
@@ -1563,12 +1563,14 @@ fn empty_and_odd_values_get_clear_errors() {
         (
             "bash",
             json!({"command": "true", "timeout_ms": 0}),
-            Want::Error("`timeout_ms` must be between 1 and"),
+            Want::Error("invalid arguments: `timeout_ms`: 0 is less than the minimum of 1"),
         ),
         (
             "bash",
             json!({"command": "true", "timeout_ms": 600_001}),
-            Want::Error("`timeout_ms` must be between 1 and"),
+            Want::Error(
+                "invalid arguments: `timeout_ms`: 600001 is greater than the maximum of 600000",
+            ),
         ),
         (
             "bash",
@@ -1578,12 +1580,14 @@ fn empty_and_odd_values_get_clear_errors() {
         (
             "bash",
             json!({"cmd": "true"}),
-            Want::Error("unknown field `cmd`"),
+            Want::Error(
+                "invalid arguments: Additional properties are not allowed ('cmd' was unexpected)",
+            ),
         ),
         (
             "bash",
             json!("true"),
-            Want::Error("must be a JSON object, got a string"),
+            Want::Error("invalid arguments: \"true\" is not of type \"object\""),
         ),
     ];
     for (tool, args, want) in cases {

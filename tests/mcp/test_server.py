@@ -102,6 +102,22 @@ async def test_write_edit_read_list_inside_the_root(ws: Workspace, mode: str) ->
 
 
 @pytest.mark.parametrize("mode", MODES)
+async def test_arguments_that_break_a_tools_schema_are_refused_before_it_runs(ws: Workspace, mode: str) -> None:
+    ws.manifest(CONFINED)
+    proj = ws.project("p")
+    async with ws.connect(proj, mode=mode) as client:
+        w = await client.call_tool("write", {"path": 42, "content": "x"})
+        assert w.is_error, show(w)
+        assert "`write`: invalid arguments: `path`: 42 is not of type" in text(w), show(w)
+        assert "[INVALID_ARGUMENT]" in text(w) and "The tool did not run" in text(w), show(w)
+        b = await client.call_tool("bash", {"command": "echo ran > ran.txt", "timeout_ms": "soon"})
+        assert b.is_error and "`timeout_ms`" in text(b), show(b)
+        assert not (proj / "ran.txt").exists(), "the command ran although its arguments were refused"
+        ok = await client.call_tool("write", {"path": "a.txt", "content": "x"})
+        assert not ok.is_error, show(ok)
+
+
+@pytest.mark.parametrize("mode", MODES)
 async def test_a_write_outside_the_root_is_denied_and_changes_nothing(ws: Workspace, outside: Path, mode: str) -> None:
     ws.manifest(CONFINED)
     victim = outside / "victim.txt"

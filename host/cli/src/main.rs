@@ -127,7 +127,25 @@ fn main() -> ExitCode {
         }
         None => PathBuf::new(),
     };
-    let host = Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose);
+    let host = if matches!(cli.command, Command::Session(_)) {
+        // Session commands apply the composition in the session's root (see `session`):
+        // every path given relative to where the command runs is made absolute first.
+        let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or(p.to_path_buf());
+        let plugin_path: Vec<PathBuf> = cli.plugin_path.iter().map(|p| absolute(p)).collect();
+        let state_dir = if state_dir.as_os_str().is_empty() {
+            state_dir.clone()
+        } else {
+            absolute(&state_dir)
+        };
+        Host::new(
+            &absolute(&cli.manifest),
+            &plugin_path,
+            &state_dir,
+            cli.verbose,
+        )
+    } else {
+        Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose)
+    };
     let outcome = match cli.command {
         Command::Check {
             explain: Some(code),

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use notify::event::{AccessKind, AccessMode};
@@ -200,7 +200,7 @@ pub fn spawn(runtime: Arc<Runtime>, quiet: Quiet) -> anyhow::Result<()> {
                     continue;
                 }
                 survive("file watcher", || {
-                    reload_and_log(&runtime, Some(batch.first_seen));
+                    reload_and_log(&runtime, Some(batch.first_seen), None);
                     watch_all(&runtime, &mut watched_dirs);
                 });
             }
@@ -229,21 +229,47 @@ pub(crate) fn survive<T>(thread: &str, step: impl FnOnce() -> T) -> Option<T> {
 }
 
 /// Reloads `runtime` and logs the outcome: one line for a change (with the time since
-/// the first change of the batch was seen, when known), the errors for a refused one.
-pub(crate) fn reload_and_log(runtime: &Runtime, first_seen: Option<Instant>) {
-    match runtime.reload() {
-        Ok(report) if report.is_empty() => {
-            tracing::debug!("files changed but the composition did not")
-        }
-        Ok(report) => match first_seen {
-            Some(t) => tracing::info!(
-                "{report} ({} ms after the first change was seen)",
-                t.elapsed().as_millis()
-            ),
-            None => tracing::info!("{report}"),
+/// the first change of the batch was seen, when known), `unchanged` (when given) for a
+/// reload that found nothing to do, the errors for a refused one. A refusal for the same
+/// reason as the one before it (the library watcher and the `--dev` builder both reload
+/// after a build) is not shown again.
+pub(crate) fn reload_and_log(
+    runtime: &Runtime,
+    first_seen: Option<Instant>,
+    unchanged: Option<&str>,
+) {
+    /// The last refusal shown, by runtime.
+    static LAST_REFUSAL: Mutex<Option<(usize, String)>> = Mutex::new(None);
+    let key = runtime as *const Runtime as usize;
+    let outcome = runtime.reload();
+    let mut last = LAST_REFUSAL.lock().unwrap_or_else(|e| e.into_inner());
+    match outcome {
+        Ok(report) if report.is_empty() => match unchanged {
+            Some(line) => tracing::info!("{line}"),
+            None => tracing::debug!("files changed but the composition did not"),
         },
-        Err(e @ ReloadError::Invalid(_)) => tracing::error!("{e}"),
-        Err(e) => tracing::error!("reload failed: {e}"),
+        Ok(report) => {
+            *last = None;
+            match first_seen {
+                Some(t) => tracing::info!(
+                    "{report} ({} ms after the first change was seen)",
+                    t.elapsed().as_millis()
+                ),
+                None => tracing::info!("{report}"),
+            }
+        }
+        Err(e) => {
+            let text = match e {
+                e @ ReloadError::Invalid(_) => e.to_string(),
+                e => format!("reload failed: {e}"),
+            };
+            if last.as_ref() == Some(&(key, text.clone())) {
+                tracing::debug!("reload refused again, for the reason shown above");
+            } else {
+                tracing::error!("{text}");
+                *last = Some((key, text));
+            }
+        }
     }
 }
 
@@ -293,6 +319,70 @@ mod tests {
             let _ = done_tx.send(next_batch(&rx, |_| quiet).map(|b| b.paths));
         });
         done_rx
+    }
+
+    /// What a test's reloads log, as the host shows it.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Runs `f` with the info-level log captured; returns what it logged.
+    fn logged(f: impl FnOnce()) -> String {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = captured.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The library watcher and the `--dev` builder both reload after a build: a refusal
+    /// for the same reason is shown once; a reload that finds nothing to do says so when
+    /// asked to (the builder's).
+    #[test]
+    fn a_refusal_is_shown_once_and_an_unchanged_reload_says_so() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifest = dir.path().join("cordis.yml");
+        std::fs::write(&manifest, "[]\n").expect("manifest");
+        let host = cordis_engine::Host::new(
+            &manifest,
+            &[dir.path().join("plugins")],
+            &dir.path().join("state"),
+            false,
+        );
+        let runtime = Runtime::start(host).expect("an empty composition starts");
+        std::fs::write(&manifest, "- name: no-such-plugin\n").expect("manifest");
+        let log = logged(|| {
+            reload_and_log(&runtime, None, None);
+            reload_and_log(&runtime, None, None);
+        });
+        assert_eq!(log.matches("ERROR").count(), 1, "{log}");
+        assert!(log.contains("no-such-plugin"), "{log}");
+        std::fs::write(&manifest, "[]\n").expect("manifest");
+        let log = logged(|| {
+            reload_and_log(&runtime, None, None);
+            reload_and_log(&runtime, None, Some("dev: unchanged"));
+        });
+        assert_eq!(log.matches("dev: unchanged").count(), 1, "{log}");
+        assert!(!log.contains("ERROR"), "{log}");
+        runtime.shutdown();
     }
 
     #[test]

@@ -22,6 +22,7 @@ use tracing::Level;
 use crate::codes;
 use crate::loader::ServiceSpec;
 use crate::plan::{Plan, Planned, Provider};
+use crate::schema::ToolArgs;
 
 /// A service in the registry.
 pub struct ServiceSlot {
@@ -49,6 +50,8 @@ pub struct ToolSlot {
     pub extras: serde_json::Map<String, serde_json::Value>,
     /// Where the structured content of its calls is left.
     store: Arc<ToolExtrasStore>,
+    /// Its input schema, compiled: every call's arguments are checked before it runs.
+    args: Arc<ToolArgs>,
     /// The entry that registered it.
     pub entry: String,
 }
@@ -56,6 +59,13 @@ pub struct ToolSlot {
 impl ToolSlot {
     /// Runs one call. A tool's own error becomes an error result naming its code.
     pub fn call(&self, call: &CallContext, args: &serde_json::Value) -> ToolResult {
+        if let Err(violations) = self.args.check(args) {
+            return ToolResult::error(format!(
+                "`{}`: invalid arguments: {violations}. The tool did not run; see its input schema for the expected fields (`cordis tools` shows it). [{}]",
+                self.decl.name,
+                cordis_sdk::codes::INVALID_ARGUMENT
+            ));
+        }
         let context = serde_json::to_string(call).unwrap_or_default();
         let args = args.to_string();
         let outcome = self
@@ -522,6 +532,16 @@ impl HostCtxObj for ApplyCtx<'_> {
                 Some("compose only one plugin that registers this tool".into()),
             ));
         }
+        let args = match ToolArgs::compile(&decl.input_schema) {
+            Ok(args) => Arc::new(args),
+            Err(why) => {
+                return RResult::RErr(rerr(
+                    cordis_sdk::codes::INVALID_ARGUMENT,
+                    format!("tool `{name}` registers an input schema that cannot be used: {why}"),
+                    Some("this is a bug in the plugin: register a JSON Schema for the tool's arguments (`Tool::typed` generates one)".into()),
+                ));
+            }
+        };
         self.registry.tools.insert(
             name.clone(),
             ToolSlot {
@@ -529,6 +549,7 @@ impl HostCtxObj for ApplyCtx<'_> {
                 handle: tool,
                 extras,
                 store: self.registry.tool_extras.clone(),
+                args,
                 entry: self.planned.entry.id.clone(),
             },
         );

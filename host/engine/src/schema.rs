@@ -103,6 +103,70 @@ pub fn validate_config(entry: &Entry, schema: &Value) -> Vec<Diagnostic> {
     out
 }
 
+/// A tool's input schema, compiled once when the tool is registered: every call's
+/// arguments are checked against it before the tool runs.
+pub(crate) struct ToolArgs(jsonschema::Validator);
+
+/// How many violations an error result names (the rest are counted).
+const NAMED_VIOLATIONS: usize = 5;
+/// How many characters of one violation's text an error result shows.
+const VIOLATION_CHARS: usize = 200;
+
+impl ToolArgs {
+    /// Compiles `schema` (the JSON text a plugin registered), or says why it cannot be.
+    pub(crate) fn compile(schema: &str) -> Result<ToolArgs, String> {
+        let value: Value =
+            serde_json::from_str(schema).map_err(|e| format!("it is not JSON: {e}"))?;
+        jsonschema::validator_for(&value)
+            .map(ToolArgs)
+            .map_err(|e| format!("it is not a valid JSON Schema: {e}"))
+    }
+
+    /// `Ok` when `args` match the schema; otherwise every violation (at most
+    /// [`NAMED_VIOLATIONS`], each cut to [`VIOLATION_CHARS`]), placed at its argument
+    /// (a violation of the whole, such as a missing argument, names none).
+    pub(crate) fn check(&self, args: &Value) -> Result<(), String> {
+        let mut errors = self.0.iter_errors(args);
+        let named: Vec<String> = errors
+            .by_ref()
+            .take(NAMED_VIOLATIONS)
+            .map(|e| {
+                let segments = pointer_segments(&e.instance_path().to_string());
+                let text: String = e.to_string().chars().take(VIOLATION_CHARS).collect();
+                match segments.is_empty() {
+                    true => text,
+                    false => format!("`{}`: {text}", argument_path(&segments)),
+                }
+            })
+            .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let more = errors.count();
+        let mut out = named.join("; ");
+        if more > 0 {
+            out.push_str(&format!("; and {more} more"));
+        }
+        Err(out)
+    }
+}
+
+/// `path`, `edits[0].old_string`: where an argument is, as a model would name it.
+fn argument_path(segments: &[String]) -> String {
+    let mut out = String::new();
+    for s in segments {
+        if s.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{s}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(s);
+        }
+    }
+    out
+}
+
 fn pointer_segments(pointer: &str) -> Vec<String> {
     pointer
         .split('/')
@@ -441,4 +505,86 @@ pub fn check(dir: &Path, files: &BTreeMap<String, String>) -> Vec<PathBuf> {
         .collect();
     out.extend(stale_files(dir, files));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn read_schema() -> String {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "offset": {"type": ["integer", "null"], "minimum": 0},
+                "edits": {"type": "array", "items": {
+                    "type": "object",
+                    "properties": {"old_string": {"type": "string"}},
+                    "required": ["old_string"]
+                }}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn arguments_that_match_pass_and_each_violation_is_placed_at_its_argument() {
+        let args = ToolArgs::compile(&read_schema()).expect("compiles");
+        assert_eq!(args.check(&json!({"path": "a.txt", "offset": 3})), Ok(()));
+        let wrong = args.check(&json!({"path": 42})).unwrap_err();
+        assert!(
+            wrong.starts_with("`path`: 42 is not of type \"string\""),
+            "{wrong}"
+        );
+        let nested = args
+            .check(&json!({"path": "a", "edits": [{"old_string": 1}]}))
+            .unwrap_err();
+        assert!(nested.starts_with("`edits[0].old_string`: "), "{nested}");
+        let missing = args.check(&json!({})).unwrap_err();
+        assert!(
+            missing.starts_with("\"path\" is a required property"),
+            "{missing}"
+        );
+        let unknown = args.check(&json!({"path": "a", "pth": 1})).unwrap_err();
+        assert!(unknown.contains("pth"), "{unknown}");
+        let not_an_object = args.check(&json!(5)).unwrap_err();
+        assert!(
+            not_an_object.starts_with("5 is not of type"),
+            "{not_an_object}"
+        );
+    }
+
+    #[test]
+    fn many_violations_are_counted_and_a_huge_value_is_cut() {
+        let schema = json!({
+            "type": "object",
+            "additionalProperties": {"type": "integer"}
+        })
+        .to_string();
+        let args = ToolArgs::compile(&schema).expect("compiles");
+        let many: serde_json::Map<String, Value> =
+            (0..9).map(|i| (format!("k{i}"), json!("x"))).collect();
+        let out = args.check(&Value::Object(many)).unwrap_err();
+        assert_eq!(
+            out.matches("is not of type").count(),
+            NAMED_VIOLATIONS,
+            "{out}"
+        );
+        assert!(out.ends_with("; and 4 more"), "{out}");
+        let huge = args.check(&json!({"k": "y".repeat(100_000)})).unwrap_err();
+        assert!(huge.len() < 2 * VIOLATION_CHARS, "{} chars", huge.len());
+    }
+
+    #[test]
+    fn a_schema_that_is_not_one_is_refused_with_the_reason() {
+        let e = ToolArgs::compile("{").err().expect("not JSON");
+        assert!(e.starts_with("it is not JSON"), "{e}");
+        let e = ToolArgs::compile(r#"{"type": 5}"#)
+            .err()
+            .expect("not a schema");
+        assert!(e.starts_with("it is not a valid JSON Schema"), "{e}");
+    }
 }

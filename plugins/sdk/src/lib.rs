@@ -40,6 +40,14 @@
 //!     }
 //! }
 //!
+//! /// The arguments of the `greet` tool.
+//! #[derive(Deserialize, JsonSchema)]
+//! #[serde(deny_unknown_fields)]
+//! pub struct GreetArgs {
+//!     /// Who to greet.
+//!     pub name: String,
+//! }
+//!
 //! pub struct GreeterPlugin;
 //!
 //! impl Plugin for GreeterPlugin {
@@ -55,20 +63,12 @@
 //!     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
 //!         ctx.provide("greeter", GreeterClient::serve(Words(config.word.clone())))?;
 //!         let word = config.word;
-//!         ctx.register_tool(
-//!             Tool {
-//!                 name: "greet".into(),
-//!                 description: "Greets someone".into(),
-//!                 input_schema: serde_json::json!({
-//!                     "type": "object",
-//!                     "properties": { "name": { "type": "string" } },
-//!                     "required": ["name"],
-//!                 }),
-//!             },
-//!             move |_call, args| {
-//!                 let name = args["name"].as_str().unwrap_or("world");
-//!                 Ok(ToolResult::ok(format!("{word}, {name}")))
-//!             },
+//!         // The input schema is generated from `GreetArgs`; the host checks every call's
+//!         // arguments against it before the handler runs.
+//!         ctx.register_typed_tool(
+//!             Tool::typed::<GreetArgs>("greet", "Greets someone"),
+//!             ToolOptions::default(),
+//!             move |_call, args: GreetArgs| Ok(ToolResult::ok(format!("{word}, {}", args.name))),
 //!         )?;
 //!         tracing::info!("greeter ready");
 //!         ctx.on_dispose(|| tracing::info!("greeter gone"));
@@ -225,8 +225,8 @@ mod service;
 pub use error::{codes, Error, ErrorCode, Result};
 pub use host::SessionInfo;
 pub use plugin::{
-    report_progress, CallContext, Context, Metadata, Plugin, Progress, Tool, ToolAnnotations,
-    ToolOptions, ToolResult, MAX_PROGRESS_LINE,
+    input_schema_of, report_progress, CallContext, Context, Metadata, Plugin, Progress, Tool,
+    ToolAnnotations, ToolOptions, ToolResult, MAX_PROGRESS_LINE,
 };
 pub use service::{decode_args, encode_result, serve, Interface, InterfaceMismatch, Service};
 

@@ -345,6 +345,36 @@ pub struct Tool {
     pub input_schema: serde_json::Value,
 }
 
+impl Tool {
+    /// A tool whose arguments are `A`: its input schema is generated from `A` (as a
+    /// plugin's config schema is from its `Config`), unknown fields refused. Register it with
+    /// [`Context::register_typed_tool`], whose handler receives an `A`.
+    pub fn typed<A: JsonSchema>(name: impl Into<String>, description: impl Into<String>) -> Tool {
+        Tool {
+            name: name.into(),
+            description: description.into(),
+            input_schema: input_schema_of::<A>(),
+        }
+    }
+}
+
+/// The input schema of a tool whose arguments are `A`: `A`'s JSON Schema as an object
+/// schema without `$schema` or `title`, unknown fields refused (`additionalProperties:
+/// false`). The host checks every call's arguments against the schema a tool registers
+/// before the tool runs.
+pub fn input_schema_of<A: JsonSchema>() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(A).to_value();
+    if let Some(obj) = schema.as_object_mut() {
+        obj.remove("$schema");
+        obj.remove("title");
+        obj.insert(
+            "additionalProperties".into(),
+            serde_json::Value::Bool(false),
+        );
+    }
+    schema
+}
+
 type ToolHandler = dyn Fn(&CallContext, serde_json::Value) -> Result<ToolResult> + Send + Sync;
 
 #[derive(Clone)]
@@ -525,6 +555,28 @@ impl<'a> Context<'a> {
             .map_err(Error::from)
     }
 
+    /// Registers a tool made by [`Tool::typed`]: `handler` receives the arguments as an
+    /// `A`. The host has checked them against the tool's input schema before the call, so
+    /// a wrong type or an unknown field never reaches `handler`; what the schema cannot say
+    /// and `A`'s deserializer refuses is an `INVALID_ARGUMENT` error.
+    pub fn register_typed_tool<A, F>(
+        &mut self,
+        tool: Tool,
+        options: ToolOptions,
+        handler: F,
+    ) -> Result<()>
+    where
+        A: DeserializeOwned,
+        F: Fn(&CallContext, A) -> Result<ToolResult> + Send + Sync + 'static,
+    {
+        let name = tool.name.clone();
+        self.register_tool_with(tool, options, move |call, args| {
+            let args = serde_json::from_value(args)
+                .map_err(|e| Error::invalid(format!("tool `{name}`: invalid arguments: {e}")))?;
+            handler(call, args)
+        })
+    }
+
     /// Registers a disposer; disposers run in reverse order when the entry is disposed.
     pub fn on_dispose(&mut self, disposer: impl FnOnce() + Send + 'static) {
         self.disposers.push(Box::new(disposer));
@@ -699,4 +751,43 @@ macro_rules! export_plugin {
             }
         };
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The arguments of a tool under test.
+    #[derive(Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // read through the schema only
+    struct Args {
+        /// Who to greet.
+        name: String,
+        /// How often.
+        #[serde(default)]
+        times: Option<u32>,
+    }
+
+    #[test]
+    fn a_typed_tools_input_schema_is_its_argument_type() {
+        let tool = Tool::typed::<Args>("greet", "Greets");
+        let schema = &tool.input_schema;
+        assert_eq!(
+            (tool.name.as_str(), tool.description.as_str()),
+            ("greet", "Greets")
+        );
+        assert_eq!(schema["type"], "object", "{schema}");
+        assert_eq!(schema["required"], json!(["name"]), "{schema}");
+        assert_eq!(schema["additionalProperties"], false, "{schema}");
+        assert_eq!(schema["properties"]["name"]["type"], "string", "{schema}");
+        assert_eq!(schema["properties"]["name"]["description"], "Who to greet.");
+        assert_eq!(
+            schema["properties"]["times"]["type"],
+            json!(["integer", "null"])
+        );
+        assert!(schema.get("$schema").is_none() && schema.get("title").is_none());
+        assert_eq!(input_schema_of::<Args>(), tool.input_schema);
+    }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use cordis_engine::{Asker, Diagnostics, Host, OpenSession, Runtime, SessionStart};
 use cordis_sdk::host::{ApprovalOutcome, ApprovalRequest};
-use cordis_sdk::CallContext;
+use cordis_sdk::{CallContext, ToolResult};
+
+use super::Format;
 
 #[derive(clap::Args)]
 pub(crate) struct CallArgs {
@@ -23,6 +25,10 @@ pub(crate) struct CallArgs {
     /// Reject an escalation request without asking.
     #[arg(long)]
     deny: bool,
+    /// `human` (the tool's text) or `json` (the whole result: `{"text", "isError",
+    /// "structuredContent"}`, one object on one line, with the session id).
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    format: Format,
     /// The tool's name.
     tool: String,
     /// The tool's arguments as a JSON object.
@@ -103,7 +109,10 @@ pub(crate) fn call(host: Host, args: CallArgs) -> ExitCode {
     runtime.shutdown();
     match outcome {
         Ok(result) => {
-            println!("{}", result.text);
+            match args.format {
+                Format::Human => println!("{}", result.text),
+                Format::Json => println!("{}", result_json(&call.session.id, &result)),
+            }
             if result.is_error {
                 ExitCode::from(1)
             } else {
@@ -112,6 +121,19 @@ pub(crate) fn call(host: Host, args: CallArgs) -> ExitCode {
         }
         Err(e) => fail(e.into()),
     }
+}
+
+/// A tool result as `cordis call --format json` prints it, in the MCP result's field names.
+fn result_json(session: &str, result: &ToolResult) -> serde_json::Value {
+    let mut out = serde_json::json!({
+        "session": session,
+        "text": result.text,
+        "isError": result.is_error,
+    });
+    if let Some(structured) = &result.structured {
+        out["structuredContent"] = structured.clone();
+    }
+    out
 }
 
 /// Asks on the terminal: `y` approves, `n` rejects, end of input cancels.

@@ -2,11 +2,12 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Subcommand;
-use cordis_engine::Host;
-use cordis_engine::Runtime;
+use cordis_engine::{Host, Runtime};
+use cordis_sdk::SessionInfo;
 use dsh_sandbox::{
     ResolveArgs, SandboxMode, SandboxPolicy as _, SandboxPolicyClient, SetModeArgs, SANDBOX_POLICY,
 };
@@ -64,6 +65,20 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> 
         .ok_or_else(|| format!("`{text}` is not a duration: write a whole number and a unit, s, m, h or d (e.g. 30m, 7d)"))
 }
 
+/// Applies the composition as a server started in `session`'s root would: the policy's
+/// default workspace root is the current directory, so the guards of a new session's root
+/// (the state directory must lie outside it) concern this session's root, not wherever the
+/// command runs (every path the host was given is absolute by now).
+fn start_in(host: Host, session: &SessionInfo) -> anyhow::Result<Arc<Runtime>> {
+    std::env::set_current_dir(&session.cwd).with_context(|| {
+        format!(
+            "cannot enter the session's root {}; it was moved or removed",
+            session.cwd.display()
+        )
+    })?;
+    Runtime::start(host)
+}
+
 pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         SessionCommand::New { cwd } => {
@@ -83,7 +98,7 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
             let info = host.sessions().get(&id)?;
             let events = host.sessions().events(&id, None)?;
             println!("session: {}\ncwd: {}", info.id, info.cwd.display());
-            let runtime = Runtime::start(host)?;
+            let runtime = start_in(host, &info)?;
             let policy = runtime.with_service(SANDBOX_POLICY, |p: &SandboxPolicyClient| {
                 p.resolve(ResolveArgs {
                     session: Some(id.clone()),
@@ -105,8 +120,8 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
             runtime.shutdown();
         }
         SessionCommand::SetMode { id, mode } => {
-            host.sessions().get(&id)?;
-            let runtime = Runtime::start(host)?;
+            let info = host.sessions().get(&id)?;
+            let runtime = start_in(host, &info)?;
             let outcome = runtime.with_service(SANDBOX_POLICY, |p: &SandboxPolicyClient| {
                 p.set_sandbox_mode(SetModeArgs {
                     session: id.clone(),

@@ -201,7 +201,11 @@ pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow:
                         builds.iter().all(|(project, builds)| project.build(builds))
                     };
                     if built {
-                        reload_and_log(&runtime, Some(batch.first_seen));
+                        reload_and_log(
+                            &runtime,
+                            Some(batch.first_seen),
+                            Some("dev: unchanged: the rebuilt libraries are the running ones, byte for byte; nothing to reload"),
+                        );
                     }
                 });
             }

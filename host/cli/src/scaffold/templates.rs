@@ -119,6 +119,14 @@ fn default_word() -> String {
     "hello".into()
 }
 
+/// The arguments of `{tool}`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GreetArgs {
+    /// Who to greet.
+    pub name: String,
+}
+
 #[derive(Clone)]
 struct Words {
     word: String,
@@ -150,24 +158,15 @@ impl Plugin for {camel}Plugin {
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
         let words = Words { word: config.word };
         ctx.provide(SERVICE, GreeterClient::serve(words.clone()))?;
-        ctx.register_tool(
-            Tool {
-                name: "{tool}".into(),
-                description: "Greets someone by name".into(),
-                input_schema: serde_json::json!({
-                    "type": "object",
-                    "properties": { "name": { "type": "string", "description": "who to greet" } },
-                    "required": ["name"],
-                    "additionalProperties": false,
-                }),
-            },
-            move |_call, args| {
-                let name = args.get("name").and_then(|n| n.as_str()).unwrap_or_default();
-                match words.greet(name.to_string()) {
-                    Ok(text) => Ok(ToolResult::ok(text)),
-                    // A refusal the model should see is an error *result*, not a failure.
-                    Err(e) => Ok(ToolResult::error(e.message)),
-                }
+        // The input schema comes from `GreetArgs`; the host checks every call's arguments
+        // against it before the handler runs.
+        ctx.register_typed_tool(
+            Tool::typed::<GreetArgs>("{tool}", "Greets someone by name"),
+            ToolOptions::default(),
+            move |_call, args: GreetArgs| match words.greet(args.name) {
+                Ok(text) => Ok(ToolResult::ok(text)),
+                // A refusal the model should see is an error *result*, not a failure.
+                Err(e) => Ok(ToolResult::error(e.message)),
             },
         )?;
         tracing::info!("ready");
@@ -206,6 +205,9 @@ fn the_tool_greets() {
     assert_eq!(result, ToolResult::ok("hi, Ada!"));
     let result = started.call_tool("{tool}", json!({ "name": "" })).unwrap();
     assert!(result.is_error, "an empty name is refused: {result:?}");
+    // The host checks the arguments against the tool's schema: the tool never sees these.
+    let result = started.call_tool("{tool}", json!({ "name": 5 })).unwrap();
+    assert!(result.is_error && result.text.contains("INVALID_ARGUMENT"), "{result:?}");
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::time::UNIX_EPOCH;
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, OpenOptions};
 use cordis_sdk::{Error, Result};
-use dsh_fs_api::codes;
+use dsh_fs_api::{codes, guard};
 use dsh_fs_api::{
     line_cut_marker, Cut, DirEntry, Edited, Kind, Lines, ListDir, Listing, ReadLines, Stat, Written,
 };
@@ -58,31 +58,7 @@ pub fn is_escape(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::PermissionDenied && e.raw_os_error().is_none()
 }
 
-/// The `FS_SANDBOX_DENIED` error: the policy (not the OS) refused a mutation of `path`.
-pub fn sandbox_denied(mode: SandboxMode, path: &Path, why: &str) -> Error {
-    sandbox_refused(mode, "modify", path, why)
-}
-
-/// The `FS_SANDBOX_DENIED` error for operation `op` (`modify`, `read`) of `path`.
-fn sandbox_refused(mode: SandboxMode, op: &str, path: &Path, why: &str) -> Error {
-    Error::new(
-        codes::FS_SANDBOX_DENIED,
-        format!(
-            "{}: cannot {op} `{}` under {mode} mode: {why}",
-            dsh_sandbox::denial_marker(mode),
-            path.display()
-        ),
-    )
-    .with_help(match mode {
-        SandboxMode::ReadOnly => {
-            "read-only mode allows no modification; ask for a wider mode to change files"
-                .to_string()
-        }
-        _ => "modify files beneath the workspace root or a temp area, or ask for a wider mode"
-            .to_string(),
-    })
-    .with_data(serde_json::json!({ "mode": mode.as_str() }))
-}
+pub use dsh_fs_api::{sandbox_denied, sandbox_refused};
 
 /// What a read may not reach: every process's own `/proc` entries, always, and under a
 /// policy below `danger-full-access` its `denyRead`. Checked on what was opened (the real
@@ -114,12 +90,7 @@ impl ReadDeny {
         refuse_process_entry(&real, path)?;
         if let Some((mode, set)) = &self.denied {
             if let Some(rule) = set.covering(&real) {
-                return Err(sandbox_refused(
-                    *mode,
-                    "read",
-                    path,
-                    &format!("reading it is denied by the policy (`denyRead`: `{rule}`)"),
-                ));
+                return Err(dsh_fs_api::read_denied(*mode, path, &rule));
             }
         }
         Ok(())
@@ -689,16 +660,7 @@ pub fn fenced_target(
                 .map_err(|moved| sandbox_denied(mode, path, &moved.to_string()))?;
             let roots = &fence.writable_roots;
             let Some(root) = dsh_sandbox::containing_root(&canonical, roots) else {
-                let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
-                return Err(sandbox_denied(
-                    mode,
-                    path,
-                    &format!(
-                        "it resolves to `{}`, outside the writable roots ({})",
-                        canonical.display(),
-                        listed.join(", ")
-                    ),
-                ));
+                return Err(dsh_fs_api::outside_roots(mode, path, &canonical, roots));
             };
             guard(&fence, mode, path, &canonical)?;
             let target = Target::beneath_checked(
@@ -725,38 +687,6 @@ fn reached(dir: &Dir, path: &Path) -> Result<PathBuf> {
         std::os::fd::AsRawFd::as_raw_fd(dir)
     ))
     .map_err(|e| io_error(e, "check the directory of", path))
-}
-
-/// Refuses a mutation of `canonical` (asked as `path`) that the fence protects or makes
-/// unreadable.
-fn guard(fence: &Fence, mode: SandboxMode, path: &Path, canonical: &Path) -> Result<()> {
-    if let Some(rule) = fence.protected.covering(canonical) {
-        return Err(sandbox_denied(
-            mode,
-            path,
-            &format!(
-                "`{rule}` is protected: it defines the running composition or the policy lists it; only an approved escalation to danger-full-access may change it"
-            ),
-        ));
-    }
-    if let Some(git) = fence.git_entry(canonical) {
-        return Err(sandbox_denied(
-            mode,
-            path,
-            &format!(
-                "`{}` is a git directory: git runs code from it (hooks, config), so only an approved escalation to danger-full-access may change it",
-                git.display()
-            ),
-        ));
-    }
-    if let Some(rule) = fence.deny_read.covering(canonical) {
-        return Err(sandbox_denied(
-            mode,
-            path,
-            &format!("it is unreadable under the policy (`denyRead`: `{rule}`)"),
-        ));
-    }
-    Ok(())
 }
 
 /// Whether a mutation creates missing parent directories (a write does, an edit does not).

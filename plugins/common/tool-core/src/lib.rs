@@ -166,11 +166,8 @@ pub fn decode<T: DeserializeOwned>(
 /// The input schema of a tool whose arguments are `T`, with the escalation fields added
 /// when offered (both or neither: each requires the other).
 pub fn input_schema<T: JsonSchema>(escalating: Escalating) -> Value {
-    let mut schema = schemars::schema_for!(T).to_value();
+    let mut schema = cordis_sdk::input_schema_of::<T>();
     if let Some(obj) = schema.as_object_mut() {
-        obj.remove("$schema");
-        obj.remove("title");
-        obj.insert("additionalProperties".into(), Value::Bool(false));
         if escalating == Escalating::Offered {
             let modes: Vec<&str> = SANDBOX_MODES.iter().map(|m| m.as_str()).collect();
             let props = obj

@@ -17,6 +17,14 @@ fn default_word() -> String {
     "hello".into()
 }
 
+/// The arguments of the `greet` tool.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GreetArgs {
+    /// Who to greet.
+    pub name: String,
+}
+
 struct Words {
     word: String,
 }
@@ -51,23 +59,12 @@ impl Plugin for ExamplePlugin {
             }),
         )?;
         let word = config.word;
-        ctx.register_tool(
-            Tool {
-                name: "greet".into(),
-                description: "Greets someone by name".into(),
-                input_schema: serde_json::json!({
-                    "type": "object",
-                    "properties": { "name": { "type": "string", "description": "who to greet" } },
-                    "required": ["name"],
-                    "additionalProperties": false,
-                }),
-            },
-            move |_call, args| {
-                let Some(name) = args.get("name").and_then(|n| n.as_str()) else {
-                    return Ok(ToolResult::error("`name` (a string) is required"));
-                };
-                Ok(ToolResult::ok(format!("{word}, {name}")))
-            },
+        // The input schema comes from `GreetArgs`; the host checks every call's arguments
+        // against it before the handler runs.
+        ctx.register_typed_tool(
+            Tool::typed::<GreetArgs>("greet", "Greets someone by name"),
+            ToolOptions::default(),
+            move |_call, args: GreetArgs| Ok(ToolResult::ok(format!("{word}, {}", args.name))),
         )?;
         tracing::info!(entry = %ctx.entry_id(), "greeter ready");
         ctx.on_dispose(|| tracing::info!("greeter disposed"));

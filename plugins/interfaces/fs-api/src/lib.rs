@@ -53,13 +53,13 @@
 //! For tests, the feature `testing` adds [`testing::TempDirFs`](crate::testing), an `fs`
 //! over a temporary directory to pass to `cordis-test` as a stand-in.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Stand-ins for plugin tests (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{Fence, SandboxExecutionPolicy, SandboxMode};
 use serde::{Deserialize, Serialize};
 
 /// The registry name of the filesystem service.
@@ -121,6 +121,103 @@ impl Kind {
             Kind::Other
         }
     }
+}
+
+/// The `FS_SANDBOX_DENIED` error: the policy (not the OS) refused a mutation of `path`.
+pub fn sandbox_denied(mode: SandboxMode, path: &Path, why: &str) -> cordis_sdk::Error {
+    sandbox_refused(mode, "modify", path, why)
+}
+
+/// The `FS_SANDBOX_DENIED` error for operation `op` (`modify`, `read`) of `path`: the
+/// denial marker first, then what was refused and why. The one shape of a policy refusal
+/// every `fs` gives (the bundled backends and [`testing::TempDirFs`]); a tool passes it on
+/// as it is.
+pub fn sandbox_refused(mode: SandboxMode, op: &str, path: &Path, why: &str) -> cordis_sdk::Error {
+    cordis_sdk::Error::new(
+        codes::FS_SANDBOX_DENIED,
+        format!(
+            "{}: cannot {op} `{}` under {mode} mode: {why}",
+            dsh_sandbox::denial_marker(mode),
+            path.display()
+        ),
+    )
+    .with_help(match mode {
+        SandboxMode::ReadOnly => {
+            "read-only mode allows no modification; ask for a wider mode to change files"
+                .to_string()
+        }
+        _ => "modify files beneath the workspace root or a temp area, or ask for a wider mode"
+            .to_string(),
+    })
+    .with_data(cordis_sdk::serde_json::json!({ "mode": mode.as_str() }))
+}
+
+/// The refusal of a mutation of `path`, which resolves to `canonical`, outside every
+/// writable root of `roots`.
+pub fn outside_roots(
+    mode: SandboxMode,
+    path: &Path,
+    canonical: &Path,
+    roots: &[PathBuf],
+) -> cordis_sdk::Error {
+    let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    sandbox_denied(
+        mode,
+        path,
+        &format!(
+            "it resolves to `{}`, outside the writable roots ({})",
+            canonical.display(),
+            listed.join(", ")
+        ),
+    )
+}
+
+/// The refusal of a read of `path`, which the policy's `denyRead` rule `rule` covers.
+pub fn read_denied(mode: SandboxMode, path: &Path, rule: &str) -> cordis_sdk::Error {
+    sandbox_refused(
+        mode,
+        "read",
+        path,
+        &format!("reading it is denied by the policy (`denyRead`: `{rule}`)"),
+    )
+}
+
+/// Refuses a mutation of `canonical` (asked as `path`) that the fence protects (a path
+/// that defines the composition, a configured protected path, a git directory) or makes
+/// unreadable.
+pub fn guard(
+    fence: &Fence,
+    mode: SandboxMode,
+    path: &Path,
+    canonical: &Path,
+) -> cordis_sdk::Result<()> {
+    if let Some(rule) = fence.protected.covering(canonical) {
+        return Err(sandbox_denied(
+            mode,
+            path,
+            &format!(
+                "`{rule}` is protected: it defines the running composition or the policy lists it; only an approved escalation to danger-full-access may change it"
+            ),
+        ));
+    }
+    if let Some(git) = fence.git_entry(canonical) {
+        return Err(sandbox_denied(
+            mode,
+            path,
+            &format!(
+                "`{}` is a git directory: git runs code from it (hooks, config), so only an approved escalation to danger-full-access may change it",
+                git.display()
+            ),
+        ));
+    }
+    if let Some(rule) = fence.deny_read.covering(canonical) {
+        return Err(sandbox_denied(
+            mode,
+            path,
+            &format!("it is unreadable under the policy (`denyRead`: `{rule}`)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Maps an I/O error from operation `op` on `path` to this interface's error codes, with

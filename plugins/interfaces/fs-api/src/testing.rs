@@ -17,18 +17,24 @@ use std::sync::Arc;
 
 use cordis_sdk::abi::ServiceBox;
 use cordis_sdk::{Error, Result};
-use dsh_sandbox::SandboxMode;
+use dsh_sandbox::{Fence, SandboxExecutionPolicy, SandboxMode};
 
 use crate::{
-    codes, io_error, DirEntry, EditText, Edited, FileSystem, FsClient, Kind, Lines, ListDir,
-    Listing, ReadLines, Stat, WriteText, Written,
+    codes, guard, io_error, outside_roots, read_denied, sandbox_denied, sandbox_refused, DirEntry,
+    EditText, Edited, FileSystem, FsClient, Kind, Lines, ListDir, Listing, ReadLines, Stat,
+    WriteText, Written,
 };
 
 /// An `fs` over a temporary directory (removed when the last clone is dropped): plain
-/// `std::fs`, no sandbox (`sandbox_mode` is `None`, like `dsh-fs-local`), and every path
-/// must lie inside the directory (anything else is refused with `FS_SANDBOX_DENIED`), so
-/// a test sees exactly what its plugin wrote. Reads and edits handle files whole; a page
-/// of `read_lines` honours its line and byte caps but does not cut long lines.
+/// `std::fs` (`sandbox_mode` is `None`, like `dsh-fs-local`), and every path must lie
+/// inside the directory (anything else is refused with `FS_SANDBOX_DENIED`), so a test sees
+/// exactly what its plugin wrote. A request that carries a policy (as a tool passes the one
+/// its call resolved) is held to it as the bundled backends hold it, with the same
+/// refusals (`FS_SANDBOX_DENIED`, the denial marker first): no mutation under `read-only`;
+/// under `workspace-write` none outside the writable roots or of a protected path or git
+/// directory; below `danger-full-access` no read of a `denyRead` path. Reads and edits
+/// handle files whole; a page of `read_lines` honours its line and byte caps but does not
+/// cut long lines.
 #[derive(Clone)]
 pub struct TempDirFs {
     _dir: Arc<tempfile::TempDir>,
@@ -76,7 +82,49 @@ impl TempDirFs {
     }
 }
 
+/// What a request does to its path, for the policy it carries.
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Read,
+    Modify,
+}
+
 impl TempDirFs {
+    /// Refuses what `policy` refuses (see [`TempDirFs`]); no policy refuses nothing.
+    fn allowed(&self, policy: Option<&SandboxExecutionPolicy>, op: Op, path: &Path) -> Result<()> {
+        let Some(policy) = policy else {
+            return Ok(());
+        };
+        let mode = policy.mode;
+        if mode == SandboxMode::DangerFullAccess {
+            return Ok(());
+        }
+        if op == Op::Modify && mode == SandboxMode::ReadOnly {
+            return Err(sandbox_denied(
+                mode,
+                path,
+                "read-only mode allows no modification",
+            ));
+        }
+        let canonical = dsh_sandbox::canonical_path(path).unwrap_or_else(|_| path.to_path_buf());
+        let fence = Fence::of(policy).map_err(|moved| {
+            let verb = if op == Op::Read { "read" } else { "modify" };
+            sandbox_refused(mode, verb, path, &moved.to_string())
+        })?;
+        match op {
+            Op::Read => match fence.deny_read.covering(&canonical) {
+                Some(rule) => Err(read_denied(mode, path, &rule)),
+                None => Ok(()),
+            },
+            Op::Modify => {
+                if dsh_sandbox::containing_root(&canonical, &fence.writable_roots).is_none() {
+                    return Err(outside_roots(mode, path, &canonical, &fence.writable_roots));
+                }
+                guard(&fence, mode, path, &canonical)
+            }
+        }
+    }
+
     fn read(&self, path: &Path) -> Result<String> {
         let path = self.inside(path)?;
         let meta = std::fs::metadata(&path).map_err(|e| io_error(e, "read", &path))?;
@@ -121,6 +169,7 @@ impl FileSystem for TempDirFs {
     }
 
     fn read_lines(&self, args: ReadLines) -> Result<Lines> {
+        self.allowed(args.policy.as_ref(), Op::Read, &args.path)?;
         let text = self.read(&args.path)?;
         let all: Vec<&str> = text.split_inclusive('\n').collect();
         let first = args.offset.max(1) as usize - 1;
@@ -147,6 +196,7 @@ impl FileSystem for TempDirFs {
 
     fn list_dir(&self, args: ListDir) -> Result<Listing> {
         let path = self.inside(&args.path)?;
+        self.allowed(args.policy.as_ref(), Op::Read, &path)?;
         let mut entries = std::fs::read_dir(&path)
             .map_err(|e| io_error(e, "list", &path))?
             .map(|entry| {
@@ -165,6 +215,7 @@ impl FileSystem for TempDirFs {
 
     fn write_text(&self, args: WriteText) -> Result<Written> {
         let path = self.inside(&args.path)?;
+        self.allowed(args.policy.as_ref(), Op::Modify, &path)?;
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| io_error(e, "create", parent))?;
         }
@@ -180,6 +231,7 @@ impl FileSystem for TempDirFs {
     }
 
     fn edit_text(&self, args: EditText) -> Result<Edited> {
+        self.allowed(args.policy.as_ref(), Op::Modify, &args.path)?;
         let text = self.read(&args.path)?;
         let found = text.matches(&args.old_string).count();
         if found == 0 || args.old_string.is_empty() {
@@ -220,6 +272,85 @@ impl FileSystem for TempDirFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request carrying a policy is held to it with the bundled backends' refusals:
+    /// nothing is written under `read-only`, a protected path or a git directory is refused
+    /// under `workspace-write`, a `denyRead` path is not read, and `danger-full-access`
+    /// allows all of it.
+    #[test]
+    fn a_policy_carried_by_a_request_is_held_as_the_bundled_backends_hold_it() {
+        use dsh_sandbox::denial_marker;
+        let fs = TempDirFs::new().unwrap();
+        let root = fs.path().join("ws");
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join("secret.txt"), "s\n").unwrap();
+        let policy = |mode| SandboxExecutionPolicy {
+            mode,
+            workspace_root: root.clone(),
+            protected_paths: vec![root.join("cordis.yml")],
+            deny_read: vec![root.join("secret.txt")],
+            ..SandboxExecutionPolicy::default()
+        };
+        let write = |mode, name: &str| {
+            fs.write_text(WriteText {
+                path: root.join(name),
+                content: "x".into(),
+                policy: Some(policy(mode)),
+            })
+        };
+        let refused = write(SandboxMode::ReadOnly, "a.txt").unwrap_err();
+        assert_eq!(refused.code, codes::FS_SANDBOX_DENIED);
+        assert!(
+            refused.message.starts_with(&format!(
+                "{}: cannot modify `{}` under read-only mode: read-only mode allows no modification",
+                denial_marker(SandboxMode::ReadOnly),
+                root.join("a.txt").display()
+            )),
+            "{refused}"
+        );
+        assert_eq!(
+            refused.data,
+            Some(cordis_sdk::serde_json::json!({"mode": "read-only"}))
+        );
+        assert!(!root.join("a.txt").exists());
+        write(SandboxMode::WorkspaceWrite, "a.txt").unwrap();
+        let edit = fs
+            .edit_text(EditText {
+                path: root.join("a.txt"),
+                old_string: "x".into(),
+                new_string: "y".into(),
+                replace_all: false,
+                policy: Some(policy(SandboxMode::ReadOnly)),
+            })
+            .unwrap_err();
+        assert_eq!(edit.code, codes::FS_SANDBOX_DENIED, "{edit}");
+        for (name, why) in [
+            ("cordis.yml", "is protected"),
+            (".git/config", "/.git` is protected"),
+        ] {
+            let e = write(SandboxMode::WorkspaceWrite, name).unwrap_err();
+            assert_eq!(e.code, codes::FS_SANDBOX_DENIED, "{e}");
+            assert!(e.message.contains(why), "{e}");
+            assert!(!root.join(name).exists());
+        }
+        let read = |mode| {
+            fs.read_lines(ReadLines {
+                path: root.join("secret.txt"),
+                offset: 1,
+                limit: None,
+                caps: crate::ReadCaps {
+                    max_lines: 10,
+                    max_bytes: 100,
+                    max_line_bytes: 100,
+                },
+                policy: Some(policy(mode)),
+            })
+        };
+        let e = read(SandboxMode::WorkspaceWrite).unwrap_err();
+        assert!(e.message.contains("`denyRead`"), "{e}");
+        assert_eq!(read(SandboxMode::DangerFullAccess).unwrap().text, "s\n");
+        write(SandboxMode::DangerFullAccess, "cordis.yml").unwrap();
+    }
 
     #[test]
     fn writes_reads_edits_and_lists_inside_and_refuses_outside() {

@@ -20,8 +20,12 @@
 //! - **Escalate only through the approval flow**: a tool's `sandbox_permissions` argument
 //!   goes through [`escalation_params`] and [`approve_escalation`]; only an approved call
 //!   resolves with `mode: Some(...)`.
-//! - **Refuse with the marker**: a tool that denies a call starts its error text with
-//!   [`denial_marker`], so a model can tell a sandbox refusal from a failure.
+//! - **Refuse with the marker, once**: a sandbox refusal starts with [`denial_marker`], so a
+//!   model can tell it from a failure. The backend that refuses puts it there: `fs` at the
+//!   start of its `FS_SANDBOX_DENIED` message (as `dsh_fs_api::sandbox_refused` writes it,
+//!   the stand-in `TempDirFs` included), `shell` as its result's `sandbox_denied`. A tool
+//!   passes a backend's refusal on as it is, and starts its own text with the marker only
+//!   for a refusal of its own (e.g. a shell result flagged `sandbox_denied`).
 //! - **Errors** are [`codes`]: an unreadable session, a forged mode switch or a root that
 //!   is no longer the session's make `resolve` fail; a tool reports that as an error
 //!   result and does nothing.
