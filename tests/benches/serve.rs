@@ -1,6 +1,7 @@
 //! Serving benchmarks, end to end with the real binary and the bundled plugins:
 //! - MCP `tools/call` round trip of `read` on a 4 KiB file (p50/p99 over 10,000 calls on
-//!   one connection) against the same call in-process (`Runtime::call_tool`), as a ratio;
+//!   one connection) against the same call in-process (`Runtime::call_tool`), as a ratio,
+//!   and what the host's check of the arguments against the input schema costs of it;
 //! - whole-process `cordis call read` on the bundled `cordis.yml`;
 //! - hot reload latency to the first call served by the new composition (median and p99),
 //!   (a) after a library is replaced by `cp` + `mv` (and the server's resident memory growth
@@ -48,8 +49,19 @@ fn read_round_trips() {
         in_process.push(t.elapsed().as_nanos() as f64);
         assert!(!r.is_error, "{}", r.text);
     }
+    // What the host's argument check adds to every call (part of both figures above).
+    let slot = rt.inspect(|c| c.registry().tool("read").cloned().expect("read"));
+    let mut checks = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        let checked = slot.check_args(&args);
+        checks.push(t.elapsed().as_nanos() as f64);
+        assert!(checked.is_ok(), "{checked:?}");
+    }
+    drop(slot);
     rt.shutdown();
 
+    let (cp50, cp99) = summarize(checks);
     let (mp50, mp99) = summarize(over_mcp);
     let (ip50, ip99) = summarize(in_process);
     println!("read of a 4 KiB file, {CALLS} calls each:");
@@ -67,6 +79,12 @@ fn read_round_trips() {
         "  ratio MCP / in-process     p50 {:.2}  p99 {:.2}",
         mp50 / ip50,
         mp99 / ip99
+    );
+    println!(
+        "  argument check             p50 {:>10}  p99 {:>10}  ({:.1}% of the MCP round trip at p50)",
+        human(cp50),
+        human(cp99),
+        100.0 * cp50 / mp50
     );
 
     let runs = 20;

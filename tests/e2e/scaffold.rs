@@ -520,7 +520,7 @@ fn an_outside_plugin_uses_the_interface_crates_and_their_stand_ins() {
         let with = format!(
             "{line}\n{}\n{}",
             dep("dsh-fs-api", "fs-api", features),
-            dep("dsh-sandbox", "sandbox", features)
+            dep("dsh-sandbox", "sandbox-api", features)
         );
         toml = toml.replace(&line, &with);
     }

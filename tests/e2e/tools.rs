@@ -225,12 +225,12 @@ fn file_tools_work_inside_the_session_root() {
         (
             "read",
             json!({"path": "notes/a.txt", "offset": 0}),
-            Want::Error("counts lines from 1"),
+            Want::Error("invalid arguments: `offset`: 0 is less than the minimum of 1"),
         ),
         (
             "read",
             json!({"path": "notes/a.txt", "limit": 0}),
-            Want::Error("`limit` must be at least 1"),
+            Want::Error("invalid arguments: `limit`: 0 is less than the minimum of 1"),
         ),
         (
             "read",
@@ -1042,7 +1042,9 @@ fn escalation_matrix_for_write_edit_and_bash() {
         for drop in ["sandbox_permissions", "justification"] {
             let mut args = escalating_call(tool, &outside, requested);
             args.as_object_mut().expect("object").remove(drop);
-            check(&started, &s, tool, args, Want::Error("go together"));
+            // The schema makes each field require the other: the host refuses the call.
+            let wanted = format!("invalid arguments: \"{drop}\" is a required property");
+            check(&started, &s, tool, args, Want::Error(&wanted));
         }
         let mut args = escalating_call(tool, &outside, requested);
         args["sandbox_permissions"] = json!("root");
@@ -1051,7 +1053,7 @@ fn escalation_matrix_for_write_edit_and_bash() {
             &s,
             tool,
             args,
-            Want::Error("unknown sandbox mode `root`"),
+            Want::Error("invalid arguments: `sandbox_permissions`: \"root\" is not one of \"read-only\", \"workspace-write\" or \"danger-full-access\""),
         );
         assert!(
             asker.requests().is_empty(),
@@ -1253,7 +1255,9 @@ fn escalation_fields_follow_the_backend() {
                     &s,
                     tool,
                     args,
-                    Want::Error("unknown field `justification`"),
+                    Want::Error(
+                        "invalid arguments: Additional properties are not allowed ('justification', 'sandbox_permissions' were unexpected)",
+                    ),
                 );
             }
             assert!(!scratch.path().join("proj/p.txt").exists());

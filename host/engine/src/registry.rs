@@ -57,9 +57,17 @@ pub struct ToolSlot {
 }
 
 impl ToolSlot {
-    /// Runs one call. A tool's own error becomes an error result naming its code.
+    /// Checks `args` against the tool's input schema: every violation, placed at its
+    /// argument, when they do not match (what [`ToolSlot::call`] answers without calling).
+    pub fn check_args(&self, args: &serde_json::Value) -> Result<(), String> {
+        self.args.check(args)
+    }
+
+    /// Runs one call: arguments that break the input schema are an `INVALID_ARGUMENT`
+    /// error result and the tool does not run; a tool's own error becomes an error result
+    /// naming its code.
     pub fn call(&self, call: &CallContext, args: &serde_json::Value) -> ToolResult {
-        if let Err(violations) = self.args.check(args) {
+        if let Err(violations) = self.check_args(args) {
             return ToolResult::error(format!(
                 "`{}`: invalid arguments: {violations}. The tool did not run; see its input schema for the expected fields (`cordis tools` shows it). [{}]",
                 self.decl.name,
