@@ -111,15 +111,10 @@ fn cordis_new_builds_checks_answers_and_tests() {
         assert!(printed.contains(needle), "lacks {needle:?}:\n{printed}");
     }
     let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");
-    let sdk = workspace_root().join("plugins/sdk").canonicalize().unwrap();
-    for needle in [
-        "crate-type = [\"cdylib\", \"rlib\"]",
-        &format!("cordis-sdk = {{ path = \"{}\" }}", sdk.display()),
-        "cordis-test = { path = ",
-        "\n[workspace]\n",
-    ] {
+    for needle in ["crate-type = [\"cdylib\", \"rlib\"]", "\n[workspace]\n"] {
         assert!(manifest.contains(needle), "lacks {needle:?}:\n{manifest}");
     }
+    assert_relative_sdk_dependencies(&dir, &manifest);
 
     with_build_lock(|| {
         run(cargo(&dir, &["build"]), true);
@@ -556,6 +551,207 @@ fn an_outside_plugin_uses_the_interface_crates_and_their_stand_ins() {
     });
     let notes = std::fs::read_to_string(project.join("NOTES.txt")).unwrap();
     assert_eq!(notes, "first\nsecond\n");
+}
+
+/// The `path` of dependency `krate` in `manifest`, a `Cargo.toml`.
+fn path_dependency<'a>(manifest: &'a str, krate: &str) -> &'a str {
+    let line = manifest
+        .lines()
+        .find(|l| l.starts_with(&format!("{krate} = {{ path = \"")))
+        .unwrap_or_else(|| panic!("no path dependency on {krate}:\n{manifest}"));
+    line.split('"').nth(1).expect("a quoted path")
+}
+
+/// `cordis-sdk` and `cordis-test` are path dependencies, relative to the crate at `dir`,
+/// on this repository's SDK and test harness.
+fn assert_relative_sdk_dependencies(dir: &Path, manifest: &str) {
+    for (krate, at) in [
+        ("cordis-sdk", "plugins/sdk"),
+        ("cordis-test", "plugins/test-support"),
+    ] {
+        let path = path_dependency(manifest, krate);
+        assert!(Path::new(path).is_relative(), "{krate}: {path}");
+        assert_eq!(
+            dir.join(path).canonicalize().unwrap(),
+            workspace_root().join(at).canonicalize().unwrap(),
+            "{krate}: {path}"
+        );
+    }
+}
+
+/// A cargo workspace in a scratch directory: a root manifest (with a comment, the
+/// workspace's profiles and its lock file) whose `members` are `members`, and the member
+/// crate `crates/existing`.
+fn workspace_scratch(members: &str) -> Scratch {
+    let scratch = Scratch::new();
+    scratch.write(
+        "Cargo.toml",
+        &format!(
+            "# Plugins of one project.\n[workspace]\nresolver = \"2\"\nmembers = {members}\nexclude = [\"vendor\"]\n\n{}",
+            workspace_profiles()
+        ),
+    );
+    scratch.write(
+        "crates/existing/Cargo.toml",
+        "[package]\nname = \"existing-member\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    );
+    scratch.write("crates/existing/src/lib.rs", "");
+    std::fs::copy(
+        workspace_root().join("Cargo.lock"),
+        scratch.path().join("Cargo.lock"),
+    )
+    .expect("copy Cargo.lock");
+    scratch
+}
+
+/// `cordis new ARGS` in `scratch`, with the SDK of this repository and no
+/// `CARGO_TARGET_DIR` unless `target` names one; what it printed.
+fn cordis_new_in(scratch: &Scratch, args: &[&str], target: Option<&Path>) -> String {
+    let sdk = workspace_root().join("plugins/sdk");
+    let mut cmd =
+        scratch.cordis(&[&["new"], args, &["--sdk-path", &sdk.display().to_string()]].concat());
+    cmd.env_remove("CARGO_TARGET_DIR");
+    if let Some(target) = target {
+        cmd.env("CARGO_TARGET_DIR", target);
+    }
+    text(&run(cmd, true))
+}
+
+/// Removes a library from the shared output directory when dropped.
+struct RemoveLibrary(PathBuf);
+
+impl Drop for RemoveLibrary {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `cordis new` inside a cargo workspace: the crate is a member (added to `members`, the
+/// root manifest otherwise as it was), has no `[workspace]` of its own, depends on the
+/// SDK by relative paths, builds from the workspace root, and its `cordis.yml` loads the
+/// library from the workspace's target directory.
+#[test]
+fn cordis_new_in_a_workspace_adds_a_member_that_builds_there() {
+    let scratch = workspace_scratch("[\"crates/existing\"]");
+    let before = std::fs::read_to_string(scratch.path().join("Cargo.toml")).unwrap();
+    let printed = cordis_new_in(&scratch, &["my-plugin", "--path", "crates/my-plugin"], None);
+    let dir = scratch.path().join("crates/my-plugin");
+    let file = cordis_engine::library_file_name("my-plugin");
+    let in_workspace_target = scratch.path().join("target/debug").join(&file);
+    for needle in [
+        "created plugin crate `my-plugin`",
+        &format!(
+            "a member of the workspace at {} (`crates/my-plugin` added to `members`",
+            scratch.path().display()
+        ),
+        &format!("  path: {}\n", in_workspace_target.display()),
+    ] {
+        assert!(printed.contains(needle), "lacks {needle:?}:\n{printed}");
+    }
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    assert!(!manifest.contains("[workspace]"), "{manifest}");
+    assert_relative_sdk_dependencies(&dir, &manifest);
+    assert!(
+        !dir.join(".gitignore").exists(),
+        "the workspace's target is elsewhere"
+    );
+    let root = std::fs::read_to_string(scratch.path().join("Cargo.toml")).unwrap();
+    assert_eq!(
+        root,
+        before.replace(
+            "members = [\"crates/existing\"]",
+            "members = [\"crates/existing\", \"crates/my-plugin\"]"
+        ),
+        "only `members` changed"
+    );
+    assert!(root.starts_with("# Plugins of one project.\n"), "{root}");
+    let yml = std::fs::read_to_string(dir.join("cordis.yml")).unwrap();
+    assert!(
+        yml.contains(&format!("  path: ../../target/debug/{file}\n")),
+        "{yml}"
+    );
+
+    // Built at the workspace root (into the shared output directory, to reuse the SDK's
+    // build), then placed where the workspace's own target directory would have it.
+    let built = RemoveLibrary(target_dir().join(&file));
+    with_build_lock(|| {
+        run(cargo(&scratch.path(), &["build"]), true);
+        assert!(built.0.is_file(), "{} was not built", built.0.display());
+        std::fs::create_dir_all(in_workspace_target.parent().unwrap()).unwrap();
+        std::fs::copy(&built.0, &in_workspace_target).unwrap();
+        std::fs::remove_file(&built.0).unwrap();
+    });
+    let mut check = scratch.cordis(&["check"]);
+    check.current_dir(&dir);
+    let checked = text(&run(check, true));
+    assert!(
+        checked.contains("valid composition, 1 entry")
+            && checked.contains(&format!("file     ../../target/debug/{file}\n"))
+            && checked.contains("provides myPlugin (my-plugin.greeter v1)"),
+        "{checked}"
+    );
+}
+
+/// A workspace whose `members` glob covers the new crate keeps its root manifest byte for
+/// byte, and the library's path follows the target directory cargo is told of; a crate
+/// under an excluded path is its own workspace, and the note says so.
+#[test]
+fn cordis_new_in_a_workspace_that_covers_or_excludes_the_crate_leaves_its_manifest_alone() {
+    let scratch = workspace_scratch("[\"crates/*\"]");
+    let root = scratch.path().join("Cargo.toml");
+    let before = std::fs::read(&root).unwrap();
+    let target = cargo_target();
+    let printed = cordis_new_in(
+        &scratch,
+        &["globbed", "--path", "crates/globbed"],
+        Some(&target),
+    );
+    let dir = scratch.path().join("crates/globbed");
+    let library = target
+        .join("debug")
+        .join(cordis_engine::library_file_name("globbed"));
+    let entry = format!("  path: {}\n", library.display());
+    assert!(
+        printed.contains(&format!(
+            "a member of the workspace at {}; it builds",
+            scratch.path().display()
+        )) && printed.contains(&entry),
+        "{printed}"
+    );
+    let yml = std::fs::read_to_string(dir.join("cordis.yml")).unwrap();
+    assert!(yml.contains(&entry), "{yml}");
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    assert!(!manifest.contains("[workspace]"), "{manifest}");
+    assert_eq!(
+        std::fs::read(&root).unwrap(),
+        before,
+        "the root manifest changed"
+    );
+
+    let printed = cordis_new_in(&scratch, &["apart", "--path", "vendor/apart"], None);
+    let dir = scratch.path().join("vendor/apart");
+    assert!(
+        printed.contains(&format!(
+            "note: the workspace at {} excludes {}",
+            scratch.path().display(),
+            dir.display()
+        )),
+        "{printed}"
+    );
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    assert!(manifest.ends_with("\n[workspace]\n"), "{manifest}");
+    assert_relative_sdk_dependencies(&dir, &manifest);
+    let yml = std::fs::read_to_string(dir.join("cordis.yml")).unwrap();
+    let file = cordis_engine::library_file_name("apart");
+    assert!(
+        yml.contains(&format!("  path: target/debug/{file}\n")),
+        "{yml}"
+    );
+    assert_eq!(
+        std::fs::read(&root).unwrap(),
+        before,
+        "the root manifest changed"
+    );
 }
 
 #[test]

@@ -68,7 +68,8 @@ enum Command {
     /// Create, inspect and switch sessions.
     #[command(subcommand)]
     Session(commands::session::SessionCommand),
-    /// Scaffold a plugin crate (outside any workspace) that builds and loads as it is.
+    /// Scaffold a plugin crate that builds and loads as it is (inside a cargo workspace, a
+    /// member of it).
     New {
         /// The plugin's crate name: lowercase letters, digits and `-`, e.g. `my-plugin`.
         name: String,
@@ -76,7 +77,8 @@ enum Command {
         #[arg(long)]
         path: Option<PathBuf>,
         /// The `cordis-sdk` crate directory to depend on [default: the SDK this cordis
-        /// was built from].
+        /// was built from, else `cordis-sdk` and `cordis-test` of this version from the
+        /// registry].
         #[arg(long)]
         sdk_path: Option<PathBuf>,
     },

@@ -8,10 +8,10 @@ pub(crate) fn new_plugin(
     path: Option<PathBuf>,
     sdk_path: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    use cordis_cli::scaffold::{entry, scaffold, NewPlugin, BUILT_SDK_PATH};
+    use cordis_cli::scaffold::{entry, scaffold, Membership, NewPlugin, SDK_VERSION};
     let made = scaffold(&NewPlugin {
         dir: path.unwrap_or_else(|| PathBuf::from(&name)),
-        sdk: sdk_path.unwrap_or_else(|| PathBuf::from(BUILT_SDK_PATH)),
+        sdk: sdk_path,
         target_dir: std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from),
         name: name.clone(),
     })?;
@@ -20,6 +20,27 @@ pub(crate) fn new_plugin(
         "created plugin crate `{name}` in {dir}: {}",
         made.files.join(", ")
     );
+    match &made.workspace {
+        Membership::Alone => {}
+        Membership::Member { root, path, added } => println!(
+            "a member of the workspace at {}{}; it builds into that workspace's target directory",
+            root.display(),
+            if *added {
+                format!(" (`{path}` added to `members` in its Cargo.toml)")
+            } else {
+                String::new()
+            }
+        ),
+        Membership::Excluded { root } => println!(
+            "note: the workspace at {} excludes {dir}, so the crate is a workspace of its own",
+            root.display()
+        ),
+    }
+    if made.sdk.is_none() {
+        println!(
+            "`cordis-sdk` and `cordis-test` {SDK_VERSION} come from the registry (there are no SDK sources beside this cordis; `--sdk-path` names a checkout's `plugins/sdk` to use by path)"
+        );
+    }
     println!(
         "\nto compose it elsewhere, add this entry to that cordis.yml:\n\n{}",
         entry(&name, &made.library.display().to_string())

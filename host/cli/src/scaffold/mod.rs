@@ -1,17 +1,27 @@
-//! `cordis new`: scaffolds a plugin crate outside any workspace — a cdylib on `cordis-sdk`
-//! with one service and one tool, a test on `cordis-test`, a README and a `cordis.yml`
-//! that loads it — written as a whole or not at all.
+//! `cordis new`: scaffolds a plugin crate — a cdylib on `cordis-sdk` with one service and
+//! one tool, a test on `cordis-test`, a README and a `cordis.yml` that loads it — written
+//! as a whole or not at all. Inside a cargo workspace the crate becomes a member (added to
+//! the root manifest's `members` when they do not cover it, in the same all-or-nothing
+//! step); elsewhere it is its own workspace.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod error;
 mod templates;
+mod workspace;
+
+pub use error::ScaffoldError;
 
 pub use templates::entry;
-use templates::{cargo_toml, cordis_yml, lib_rs, readme, test_rs, Names};
+use templates::{cargo_toml, cordis_yml, lib_rs, readme, test_rs, Names, SdkDeps};
+use workspace::{written_from, Place};
 
 /// Where this host's SDK sources were when it was built (the SDK is used by path).
 pub const BUILT_SDK_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugins/sdk");
+
+/// This host's version, which its SDK and `cordis-test` share: the version a new crate
+/// asks the registry for when there are no SDK sources to use by path.
+pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// What to scaffold.
 #[derive(Clone, Debug)]
@@ -21,7 +31,9 @@ pub struct NewPlugin {
     /// The crate directory to create; must not exist or be empty.
     pub dir: PathBuf,
     /// The `cordis-sdk` crate directory; `cordis-test` is its sibling `test-support`.
-    pub sdk: PathBuf,
+    /// None: the SDK this host was built from ([`BUILT_SDK_PATH`]) when it is there, else
+    /// both crates from the registry at [`SDK_VERSION`].
+    pub sdk: Option<PathBuf>,
     /// The cargo target directory the library will be built in, when not `<dir>/target`.
     pub target_dir: Option<PathBuf>,
 }
@@ -39,74 +51,34 @@ pub struct Scaffolded {
     pub service: String,
     /// The files written, relative to `dir`.
     pub files: Vec<&'static str>,
+    /// The SDK used by path (canonical), or none when the crate depends on the registry's
+    /// `cordis-sdk` and `cordis-test` at [`SDK_VERSION`].
+    pub sdk: Option<PathBuf>,
+    /// Where the crate stands among cargo workspaces.
+    pub workspace: Membership,
 }
 
-/// Why nothing was scaffolded.
-#[derive(Debug)]
-pub enum ScaffoldError {
-    /// The name cannot be a plugin crate's name.
-    BadName {
-        /// The name given.
-        name: String,
-        /// What is wrong with it.
-        why: String,
+/// Where a new crate stands among cargo workspaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Membership {
+    /// No workspace above it: it is its own (its `Cargo.toml` has an empty `[workspace]`).
+    Alone,
+    /// A member of the workspace at `root` (its library is built in that workspace's
+    /// target directory).
+    Member {
+        /// The workspace root directory.
+        root: PathBuf,
+        /// The crate's path as the root manifest's `members` lists it.
+        path: String,
+        /// Whether that path was added to `members` (else a path or glob covered it).
+        added: bool,
     },
-    /// The directory exists and is not empty.
-    NotEmpty(PathBuf),
-    /// A crate the new plugin depends on is not where it should be.
-    SdkMissing {
-        /// The crate: `cordis-sdk`, or `cordis-test` (the sibling `test-support` of the SDK).
-        krate: &'static str,
-        /// Where it was looked for.
-        looked: PathBuf,
-        /// The SDK directory given (or built in).
-        sdk: PathBuf,
-    },
-    /// Writing failed (nothing was left behind).
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// The error.
-        error: std::io::Error,
+    /// The workspace at `root` excludes the crate's path: it is its own.
+    Excluded {
+        /// The workspace root directory.
+        root: PathBuf,
     },
 }
-
-impl fmt::Display for ScaffoldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ScaffoldError::BadName { name, why } => write!(
-                f,
-                "`{name}` is not a valid plugin name: {why}; use lowercase letters, digits and `-`, starting with a letter (e.g. `my-plugin`)"
-            ),
-            ScaffoldError::NotEmpty(dir) => write!(
-                f,
-                "{} already exists and is not empty; choose another name or pass `--path DIR` with a new or empty directory",
-                dir.display()
-            ),
-            ScaffoldError::SdkMissing { krate, looked, sdk } => {
-                if *krate == "cordis-sdk" {
-                    write!(f, "the cordis SDK is not at {}", looked.display())?;
-                } else {
-                    write!(
-                        f,
-                        "the plugin test harness `{krate}` is not at {} (beside the SDK at {})",
-                        looked.display(),
-                        sdk.display()
-                    )?;
-                }
-                write!(
-                    f,
-                    ": a new plugin depends by path on `cordis-sdk` (the SDK directory) and on `cordis-test` (the directory `test-support` beside it); pass `--sdk-path` with the `plugins/sdk` directory of a cordis checkout, which has both"
-                )
-            }
-            ScaffoldError::Io { path, error } => {
-                write!(f, "cannot write {}: {error}", path.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for ScaffoldError {}
 
 const RESERVED: &[&str] = &[
     "test",
@@ -167,13 +139,17 @@ pub(crate) fn validate_name(name: &str) -> Result<(), ScaffoldError> {
     Ok(())
 }
 
-/// Creates the crate. Every file is written to a fresh directory beside `dir` first, which
-/// is then renamed into place, so a failure leaves nothing behind.
-pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
-    validate_name(&req.name)?;
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |error| ScaffoldError::Io { path, error }
+/// Where the new crate's `cordis-sdk` and `cordis-test` are: the canonical SDK and
+/// `test-support` directories, or none (the registry) when no SDK was `given` and there is
+/// none at `built`.
+fn find_sdk(
+    given: Option<&Path>,
+    built: &Path,
+) -> Result<Option<(PathBuf, PathBuf)>, ScaffoldError> {
+    let sdk = match given {
+        Some(sdk) => sdk,
+        None if !built.join("Cargo.toml").is_file() => return Ok(None),
+        None => built,
     };
     let crate_at = |krate: &'static str, dir: &Path| {
         dir.canonicalize()
@@ -182,18 +158,34 @@ pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
             .ok_or_else(|| ScaffoldError::SdkMissing {
                 krate,
                 looked: dir.to_path_buf(),
-                sdk: req.sdk.clone(),
+                sdk: sdk.to_path_buf(),
             })
     };
-    let sdk = crate_at("cordis-sdk", &req.sdk)?;
+    let sdk_dir = crate_at("cordis-sdk", sdk)?;
     let test_support = crate_at(
         "cordis-test",
-        &sdk.parent().unwrap_or(&sdk).join("test-support"),
+        &sdk_dir.parent().unwrap_or(&sdk_dir).join("test-support"),
     )?;
+    Ok(Some((sdk_dir, test_support)))
+}
+
+/// Creates the crate. Every file is written to a fresh directory beside `dir` first, which
+/// is then renamed into place, so a failure leaves nothing behind. When a workspace's
+/// `members` must list the crate, its new root manifest is written to a temporary file
+/// first and renamed over the old one once the crate is in place; if that fails, the
+/// crate is removed again.
+pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
+    validate_name(&req.name)?;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |error| ScaffoldError::Io { path, error }
+    };
+    let sdk = find_sdk(req.sdk.as_deref(), Path::new(BUILT_SDK_PATH))?;
 
     let cwd = std::env::current_dir().map_err(io(Path::new(".")))?;
     let dir = cwd.join(&req.dir);
-    if dir.exists() {
+    let existed = dir.exists();
+    if existed {
         let empty = dir.is_dir() && std::fs::read_dir(&dir).map_err(io(&dir))?.next().is_none();
         if !empty {
             return Err(ScaffoldError::NotEmpty(dir));
@@ -204,29 +196,73 @@ pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
         .map(Path::to_path_buf)
         .unwrap_or_else(|| cwd.clone());
     std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    // The crate directory under its canonical parent: where workspaces are looked for
+    // and what the paths the crate's files name are relative to.
+    let home = match dir.file_name() {
+        Some(name) => parent.canonicalize().map_err(io(&parent))?.join(name),
+        None => dir.clone(),
+    };
+    let place = workspace::find(&home)?;
 
     let names = Names::new(&req.name);
     let library_file = cordis_engine::library_file_name(&req.name);
-    let (library, manifest_path) = match &req.target_dir {
-        Some(t) => {
+    let (library, manifest_path) = match (&place, &req.target_dir) {
+        (Place::Member { root, .. }, given) => {
+            let target = workspace::target_directory(root, &parent)
+                .or_else(|| given.as_ref().map(|t| cwd.join(t)))
+                .unwrap_or_else(|| root.join("target"));
+            let target = target.canonicalize().unwrap_or(target);
+            let lib = target.join("debug").join(&library_file);
+            let written = if lib.starts_with(root) {
+                written_from(&home, &lib)
+            } else {
+                lib.display().to_string()
+            };
+            (lib, written)
+        }
+        (_, Some(t)) => {
             let lib = cwd.join(t).join("debug").join(&library_file);
             (lib.clone(), lib.display().to_string())
         }
-        None => (
+        (_, None) => (
             dir.join("target/debug").join(&library_file),
             format!("target/debug/{library_file}"),
         ),
     };
-    let files: Vec<(&'static str, String)> = vec![
-        ("Cargo.toml", cargo_toml(&names, &sdk, &test_support)),
+    let deps = match &sdk {
+        Some((sdk, test_support)) => SdkDeps::Path {
+            sdk: written_from(&home, sdk),
+            test: written_from(&home, test_support),
+        },
+        None => SdkDeps::Version(SDK_VERSION),
+    };
+    let standalone = !matches!(place, Place::Member { .. });
+    let mut files: Vec<(&'static str, String)> = vec![
+        ("Cargo.toml", cargo_toml(&names, &deps, standalone)),
         ("src/lib.rs", lib_rs(&names)),
         ("tests/plugin.rs", test_rs(&names)),
         ("README.md", readme(&names)),
         ("cordis.yml", cordis_yml(&names, &manifest_path)),
-        (".gitignore", "/target\n".to_string()),
     ];
+    if standalone {
+        // A member's library is built in the workspace's target directory.
+        files.push((".gitignore", "/target\n".to_string()));
+    }
+    // The workspace's root manifest to replace, when `members` must list the crate.
+    let root_manifest = match &place {
+        Place::Member {
+            root,
+            manifest: Some(text),
+            ..
+        } => {
+            let file = root.join("Cargo.toml");
+            Some((file.canonicalize().unwrap_or(file), text.as_str()))
+        }
+        _ => None,
+    };
 
     let staging = tempfile_dir(&parent, &req.name).map_err(io(&parent))?;
+    let mut pending = None;
     let written = (|| -> Result<(), ScaffoldError> {
         for (rel, text) in &files {
             let path = staging.join(rel);
@@ -235,31 +271,87 @@ pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
             }
             std::fs::write(&path, text).map_err(io(&path))?;
         }
+        if let Some((manifest, text)) = &root_manifest {
+            pending = Some(write_beside(manifest, text).map_err(io(manifest))?);
+        }
         // An empty directory is replaced by the rename; a non-empty one never reaches here.
         std::fs::rename(&staging, &dir).map_err(io(&dir))
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&staging);
+        if let Some(temp) = &pending {
+            let _ = std::fs::remove_file(temp);
+        }
         return Err(e);
     }
+    if let (Some((manifest, _)), Some(temp)) = (&root_manifest, &pending) {
+        if let Err(error) = std::fs::rename(temp, manifest) {
+            let _ = std::fs::remove_file(temp);
+            let removed = std::fs::remove_dir_all(&dir).is_ok();
+            if removed && existed {
+                let _ = std::fs::create_dir(&dir);
+            }
+            return Err(ScaffoldError::NotAdded {
+                manifest: manifest.clone(),
+                dir,
+                removed,
+                error,
+            });
+        }
+    }
+    let workspace = match place {
+        Place::Alone => Membership::Alone,
+        Place::Excluded { root } => Membership::Excluded { root },
+        Place::Member {
+            root,
+            path,
+            manifest,
+        } => Membership::Member {
+            root,
+            path,
+            added: manifest.is_some(),
+        },
+    };
     Ok(Scaffolded {
         dir,
         library,
         tool: names.tool.clone(),
         service: names.service.clone(),
         files: files.iter().map(|(rel, _)| *rel).collect(),
+        sdk: sdk.map(|(sdk, _)| sdk),
+        workspace,
     })
+}
+
+/// Writes `text` to a fresh hidden file beside `file`, with `file`'s permissions, for a
+/// rename over it; returns the new file.
+fn write_beside(file: &Path, text: &str) -> std::io::Result<PathBuf> {
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let temp = file.with_file_name(format!(".{name}.cordis-new-{}", unique()));
+    let written = (|| {
+        std::fs::write(&temp, text)?;
+        std::fs::set_permissions(&temp, std::fs::metadata(file)?.permissions())
+    })();
+    match written {
+        Ok(()) => Ok(temp),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temp);
+            Err(e)
+        }
+    }
+}
+
+/// This process's id and the clock's nanoseconds, for fresh file names.
+fn unique() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{nanos:x}", std::process::id())
 }
 
 /// A fresh hidden directory in `parent` for staging.
 fn tempfile_dir(parent: &Path, name: &str) -> std::io::Result<PathBuf> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let dir = parent.join(format!(
-        ".{name}.cordis-new-{}-{nanos:x}",
-        std::process::id()
-    ));
+    let dir = parent.join(format!(".{name}.cordis-new-{}", unique()));
     std::fs::create_dir(&dir)?;
     Ok(dir)
 }
@@ -309,12 +401,14 @@ mod tests {
     fn dependency_versions_match_the_workspace() {
         let workspace = include_str!("../../../../Cargo.toml");
         let names = Names::new("x");
-        let scaffold = cargo_toml(&names, Path::new("/sdk"), Path::new("/test"));
+        let scaffold = cargo_toml(&names, &SdkDeps::Version(SDK_VERSION), true);
         for (dep, req) in [
             ("schemars", "\"1\""),
             ("serde", "\"1\""),
             ("serde_json", "\"1\""),
             ("tracing", "\"0.1\""),
+            ("cordis-sdk", &format!("\"{SDK_VERSION}\"")),
+            ("cordis-test", &format!("\"{SDK_VERSION}\"")),
         ] {
             let line = |text: &str| {
                 text.lines()
@@ -326,5 +420,46 @@ mod tests {
             assert!(ws.contains(req), "workspace: {ws}");
             assert!(sc.contains(req), "scaffold: {sc}");
         }
+    }
+
+    /// A member crate has no `[workspace]`; path dependencies are written as given.
+    #[test]
+    fn a_member_crate_has_no_workspace_table() {
+        let deps = SdkDeps::Path {
+            sdk: "../../sdk".into(),
+            test: "../../test-support".into(),
+        };
+        let names = Names::new("x");
+        let member = cargo_toml(&names, &deps, false);
+        assert!(!member.contains("[workspace]"), "{member}");
+        assert!(
+            member.contains("cordis-sdk = { path = \"../../sdk\" }\n"),
+            "{member}"
+        );
+        assert!(member.ends_with("cordis-test = { path = \"../../test-support\" }\n"));
+        let alone = cargo_toml(&names, &deps, true);
+        assert!(alone.ends_with("\n\n# Not part of any enclosing workspace.\n[workspace]\n"));
+    }
+
+    /// With no SDK given and none where this host was built, the registry's crates are
+    /// used; an SDK given that is not there is an error.
+    #[test]
+    fn the_sdk_by_path_or_from_the_registry() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gone = tmp.path().join("no-sdk");
+        assert!(find_sdk(None, &gone).unwrap().is_none());
+        let err = find_sdk(Some(&gone), Path::new(BUILT_SDK_PATH)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("the cordis SDK is not at {}", gone.display())),
+            "{err}"
+        );
+        let (sdk, test) = find_sdk(None, Path::new(BUILT_SDK_PATH)).unwrap().unwrap();
+        assert!(sdk.ends_with("plugins/sdk") && test.ends_with("plugins/test-support"));
+        // The SDK without `test-support` beside it: not the registry, an error naming it.
+        std::fs::create_dir_all(tmp.path().join("lone/sdk")).unwrap();
+        std::fs::write(tmp.path().join("lone/sdk/Cargo.toml"), "").unwrap();
+        let err = find_sdk(None, &tmp.path().join("lone/sdk")).unwrap_err();
+        assert!(err.to_string().contains("`cordis-test` is not at"), "{err}");
     }
 }

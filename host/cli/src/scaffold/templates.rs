@@ -1,8 +1,6 @@
 //! The files `cordis new` writes, from templates: `Cargo.toml`, `src/lib.rs`,
 //! `tests/plugin.rs`, `README.md` and `cordis.yml`.
 
-use std::path::Path;
-
 /// The names derived from the crate name.
 pub(super) struct Names {
     /// `my-plugin`.
@@ -39,14 +37,38 @@ impl Names {
     }
 }
 
-pub(super) fn toml_path(p: &Path) -> String {
-    p.display()
-        .to_string()
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
+/// `text` escaped for a basic TOML string.
+fn toml_string(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
-pub(super) fn cargo_toml(n: &Names, sdk: &Path, test_support: &Path) -> String {
+/// Where the new crate's `cordis-sdk` and `cordis-test` come from.
+pub(super) enum SdkDeps {
+    /// By path, as written (relative to the crate's directory where possible).
+    Path {
+        /// The `cordis-sdk` crate directory.
+        sdk: String,
+        /// The `cordis-test` crate directory.
+        test: String,
+    },
+    /// From the registry, at this version.
+    Version(&'static str),
+}
+
+/// The plugin crate's `Cargo.toml`; `standalone` gives it its own (empty) `[workspace]`.
+pub(super) fn cargo_toml(n: &Names, deps: &SdkDeps, standalone: bool) -> String {
+    let (sdk, test) = match deps {
+        SdkDeps::Path { sdk, test } => (
+            format!("{{ path = \"{}\" }}", toml_string(sdk)),
+            format!("{{ path = \"{}\" }}", toml_string(test)),
+        ),
+        SdkDeps::Version(v) => (format!("\"{v}\""), format!("\"{v}\"")),
+    };
+    let workspace = if standalone {
+        "\n# Not part of any enclosing workspace.\n[workspace]\n"
+    } else {
+        ""
+    };
     format!(
         r#"[package]
 name = "{krate}"
@@ -60,23 +82,18 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-cordis-sdk = {{ path = "{sdk}" }}
+cordis-sdk = {sdk}
 schemars = "1"
 serde = {{ version = "1", features = ["derive"] }}
 serde_json = "1"
 tracing = "0.1"
 
 [dev-dependencies]
-cordis-test = {{ path = "{test_support}" }}
-
-# Not part of any enclosing workspace.
-[workspace]
-"#,
+cordis-test = {test}
+{workspace}"#,
         krate = n.krate,
         service = n.service,
         tool = n.tool,
-        sdk = toml_path(sdk),
-        test_support = toml_path(test_support),
     )
 }
 
