@@ -81,7 +81,7 @@ fn read_round_trips() {
         mp99 / ip99
     );
     println!(
-        "  argument check             p50 {:>10}  p99 {:>10}  ({:.1}% of the MCP round trip at p50)",
+        "  argument check             p50 {:>10}  p99 {:>10}  ({:.3}% of the MCP round trip at p50)",
         human(cp50),
         human(cp99),
         100.0 * cp50 / mp50
