@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use cordis_sdk::abi::ServiceBox;
 use cordis_sdk::host::{
-    ApprovalClient, CompositionClient, SessionsClient, APPROVAL, COMPOSITION, SESSIONS,
+    ApprovalClient, CompositionClient, SessionsClient, ToolExtrasClient, APPROVAL, COMPOSITION,
+    SESSIONS, TOOL_EXTRAS,
 };
-use cordis_sdk::Interface;
 
 use crate::approval::{ApprovalRouter, ApprovalService};
 use crate::loader::ServiceSpec;
@@ -33,26 +33,18 @@ struct Row {
 /// tell their clients).
 const TABLE: &[Row] = &[
     Row {
-        spec: || spec::<SessionsClient>(SESSIONS),
+        spec: || ServiceSpec::of::<SessionsClient>(SESSIONS),
         serve: |h| SessionsClient::serve(SessionsService(h.sessions.clone())),
     },
     Row {
-        spec: || spec::<ApprovalClient>(APPROVAL),
+        spec: || ServiceSpec::of::<ApprovalClient>(APPROVAL),
         serve: |h| ApprovalClient::serve(ApprovalService(h.approvals.clone())),
     },
     Row {
-        spec: || spec::<CompositionClient>(COMPOSITION),
+        spec: || ServiceSpec::of::<CompositionClient>(COMPOSITION),
         serve: |h| CompositionClient::serve(CompositionService(h.protection.clone())),
     },
 ];
-
-fn spec<I: Interface>(name: &str) -> ServiceSpec {
-    ServiceSpec {
-        name: name.to_string(),
-        interface: I::ID.to_string(),
-        version: I::VERSION,
-    }
-}
 
 impl HostServices {
     /// Host services keeping their state in `state_dir`.
@@ -69,7 +61,7 @@ impl HostServices {
         TABLE
             .iter()
             .map(|row| (row.spec)())
-            .chain([crate::registry::tool_extras_spec()])
+            .chain([ServiceSpec::of::<ToolExtrasClient>(TOOL_EXTRAS)])
             .collect()
     }
 

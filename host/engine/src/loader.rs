@@ -146,6 +146,17 @@ pub struct ServiceSpec {
     pub version: u32,
 }
 
+impl ServiceSpec {
+    /// Service `name` of interface `I` (the interface crate's typed client).
+    pub fn of<I: cordis_sdk::Interface>(name: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: name.to_string(),
+            interface: I::ID.to_string(),
+            version: I::VERSION,
+        }
+    }
+}
+
 /// An injected service as declared by a plugin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InjectSpec {

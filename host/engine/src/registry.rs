@@ -16,7 +16,7 @@ use cordis_sdk::abi::{
 use cordis_sdk::host::{
     StructuredContent, ToolDescription, ToolExtras, ToolExtrasClient, TOOL_EXTRAS,
 };
-use cordis_sdk::{CallContext, Interface, InterfaceMismatch, ToolResult};
+use cordis_sdk::{CallContext, InterfaceMismatch, ToolResult};
 use tracing::Level;
 
 use crate::codes;
@@ -256,7 +256,7 @@ impl Registry {
     pub fn with_host_services(host: Vec<(ServiceSpec, ServiceBox)>) -> Self {
         let mut reg = Registry::default();
         let extras = (
-            tool_extras_spec(),
+            ServiceSpec::of::<ToolExtrasClient>(TOOL_EXTRAS),
             ToolExtrasClient::serve(ToolExtrasService(reg.tool_extras.clone())),
         );
         for (spec, handle) in host.into_iter().chain([extras]) {
@@ -425,15 +425,6 @@ impl Registry {
             name: name.to_string(),
             known: self.tools.keys().cloned().collect(),
         })
-    }
-}
-
-/// The interface of the host's `toolExtras` service, for planning.
-pub fn tool_extras_spec() -> ServiceSpec {
-    ServiceSpec {
-        name: TOOL_EXTRAS.to_string(),
-        interface: ToolExtrasClient::ID.to_string(),
-        version: ToolExtrasClient::VERSION,
     }
 }
 

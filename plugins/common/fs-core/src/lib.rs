@@ -658,11 +658,7 @@ pub fn fenced_target(
             })?;
             let fence = Fence::of(policy)
                 .map_err(|moved| sandbox_denied(mode, path, &moved.to_string()))?;
-            let roots = &fence.writable_roots;
-            let Some(root) = dsh_sandbox::containing_root(&canonical, roots) else {
-                return Err(dsh_fs_api::outside_roots(mode, path, &canonical, roots));
-            };
-            guard(&fence, mode, path, &canonical)?;
+            let root = dsh_fs_api::writable_root(&fence, mode, path, &canonical)?;
             let target = Target::beneath_checked(
                 (root, fence.identity(root)),
                 &canonical,

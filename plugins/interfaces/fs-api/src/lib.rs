@@ -182,6 +182,23 @@ pub fn read_denied(mode: SandboxMode, path: &Path, rule: &str) -> cordis_sdk::Er
     )
 }
 
+/// The writable root beneath which `canonical` (asked as `path`) may be modified under
+/// `fence` in `mode`, or the refusal: outside every writable root, or a path the fence
+/// protects ([`guard`]). The one decision every `fs` makes before it opens anything.
+pub fn writable_root<'a>(
+    fence: &'a Fence,
+    mode: SandboxMode,
+    path: &Path,
+    canonical: &Path,
+) -> cordis_sdk::Result<&'a PathBuf> {
+    let roots = &fence.writable_roots;
+    let Some(root) = dsh_sandbox::containing_root(canonical, roots) else {
+        return Err(outside_roots(mode, path, canonical, roots));
+    };
+    guard(fence, mode, path, canonical)?;
+    Ok(root)
+}
+
 /// Refuses a mutation of `canonical` (asked as `path`) that the fence protects (a path
 /// that defines the composition, a configured protected path, a git directory) or makes
 /// unreadable.

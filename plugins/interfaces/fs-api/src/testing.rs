@@ -20,7 +20,7 @@ use cordis_sdk::{Error, Result};
 use dsh_sandbox::{Fence, SandboxExecutionPolicy, SandboxMode};
 
 use crate::{
-    codes, guard, io_error, outside_roots, read_denied, sandbox_denied, sandbox_refused, DirEntry,
+    codes, io_error, read_denied, sandbox_denied, sandbox_refused, writable_root, DirEntry,
     EditText, Edited, FileSystem, FsClient, Kind, Lines, ListDir, Listing, ReadLines, Stat,
     WriteText, Written,
 };
@@ -116,12 +116,7 @@ impl TempDirFs {
                 Some(rule) => Err(read_denied(mode, path, &rule)),
                 None => Ok(()),
             },
-            Op::Modify => {
-                if dsh_sandbox::containing_root(&canonical, &fence.writable_roots).is_none() {
-                    return Err(outside_roots(mode, path, &canonical, &fence.writable_roots));
-                }
-                guard(&fence, mode, path, &canonical)
-            }
+            Op::Modify => writable_root(&fence, mode, path, &canonical).map(drop),
         }
     }
 
