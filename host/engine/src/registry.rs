@@ -43,8 +43,8 @@ pub struct ServiceSlot {
 pub struct ToolSlot {
     /// Name, description and input schema.
     pub decl: ToolDecl,
-    /// The handler.
-    pub handle: ToolBox,
+    /// The handler: called only by [`ToolSlot::call`], after the argument check.
+    handle: ToolBox,
     /// What the plugin declared besides the decl (through the host's `toolExtras`):
     /// `annotations` and `outputSchema`; empty for a tool declared without them.
     pub extras: serde_json::Map<String, serde_json::Value>,
