@@ -6,6 +6,7 @@ mod confine;
 mod diagnostics;
 mod durability;
 mod fs;
+mod harness;
 mod host;
 mod install;
 mod mcp;

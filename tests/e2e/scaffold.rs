@@ -1,7 +1,7 @@
 //! End-to-end tests of the plugin-author path: `cordis new` scaffolds a crate that builds,
-//! loads with `cordis check`, answers `cordis call` and passes its own `cargo test`; the
-//! `cordis-test` harness drives real plugin libraries with stand-in services; and a plugin
-//! built against another interface version is refused with an actionable message.
+//! loads with `cordis check`, answers `cordis call` and passes its own `cargo test`; and a
+//! plugin built against another SDK release is refused with an actionable message
+//! (`cordis-test` itself: `harness`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -10,9 +10,7 @@ use cordis_e2e::{
     bundled_manifest, cargo, cargo_target, target_dir, with_build_lock, workspace_profiles,
     workspace_root, Scratch,
 };
-use cordis_example_api::{Greeter, GreeterClient};
-use cordis_sdk::Result;
-use cordis_test::{HarnessError, PluginUnderTest, ToolResult};
+use cordis_test::PluginUnderTest;
 use serde_json::json;
 
 /// Runs `cmd` and returns its output; on an unexpected exit status, panics with the
@@ -486,8 +484,9 @@ fn cordis_run_dev_finds_the_project_behind_each_library_wherever_the_manifest_li
 }
 
 /// A plugin written outside this repository, from `cordis new`: it injects `fs` and
-/// `sandboxPolicy` through the interface crates, its own tests run with `cordis-test` and
-/// the stand-ins those crates ship, and it composes with the bundled plugins.
+/// `sandboxPolicy` through the interface crates, its own tests run with `cordis-test`, the
+/// stand-ins those crates ship and a composition with the bundled plugins the `cordis` on
+/// PATH finds, and it composes with them under `cordis`.
 #[test]
 fn an_outside_plugin_uses_the_interface_crates_and_their_stand_ins() {
     let plugin = Scaffold::new("outside-notes");
@@ -533,8 +532,18 @@ fn an_outside_plugin_uses_the_interface_crates_and_their_stand_ins() {
         plugin.library.display()
     ));
     with_build_lock(|| {
-        let tested = text(&run(cargo(&plugin.dir, &["test"]), true));
-        assert!(tested.contains("test result: ok. 2 passed"), "{tested}");
+        // Its composition test loads the bundled plugins from where the `cordis` on PATH
+        // (this build's) finds them, and from nowhere else.
+        let mut test = cargo(&plugin.dir, &["test"]);
+        let path = std::env::join_paths(std::iter::once(target_dir()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .unwrap();
+        test.env("PATH", path)
+            .env("XDG_DATA_HOME", scratch.path().join("data"))
+            .env_remove("CORDIS_PLUGIN_PATH");
+        let tested = text(&run(test, true));
+        assert!(tested.contains("test result: ok. 3 passed"), "{tested}");
         run(cargo(&plugin.dir, &["build"]), true);
         scratch
             .run(&["check"])
@@ -824,125 +833,6 @@ fn cordis_new_refuses_bad_names_and_existing_directories() {
             "--sdk-path",
         ]);
     assert!(!scratch.path().join("elsewhere").exists());
-}
-
-struct StandIn;
-
-impl Greeter for StandIn {
-    fn greet(&self, name: String) -> Result<String> {
-        Ok(format!("stand-in greets {name}"))
-    }
-}
-
-cordis_sdk::interface! {
-    /// The greeter interface at another version, for a mismatched stand-in.
-    trait GreeterV2 as GreeterV2Client ("example.greeter", 2) {
-        /// A greeting.
-        fn greet(&self, name: String) -> String;
-    }
-}
-
-impl GreeterV2 for StandIn {
-    fn greet(&self, name: String) -> Result<String> {
-        Ok(name)
-    }
-}
-
-fn plugin(name: &str) -> PluginUnderTest {
-    PluginUnderTest::load(cordis_e2e::library(name)).unwrap_or_else(|e| panic!("{e}"))
-}
-
-#[test]
-fn test_support_runs_the_example_plugin_and_its_service() {
-    let started = plugin("cordis-example")
-        .config(json!({ "word": "hi" }))
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(started.tools(), ["greet"]);
-    assert_eq!(
-        started
-            .call_tool("greet", json!({ "name": "Ada" }))
-            .unwrap(),
-        ToolResult::ok("hi, Ada")
-    );
-    let greeter = started.service::<GreeterClient>("greeter").unwrap();
-    assert_eq!(greeter.greet("Grace".into()).unwrap(), "hi, Grace");
-    let err = greeter.greet(String::new()).unwrap_err();
-    assert_eq!(err.code, "INVALID_ARGUMENT", "{err:?}");
-
-    let unknown = started.call_tool("nope", json!({})).unwrap_err();
-    assert_eq!(
-        unknown.to_string(),
-        "no tool `nope`; registered tools: greet"
-    );
-    let wrong = started.service::<GreeterV2Client>("greeter").err().unwrap();
-    assert!(
-        wrong.to_string().contains(
-            "this plugin injects `greeter` as example.greeter v2, but the composition provides it as example.greeter v1; interface versions must match exactly"
-        ),
-        "{wrong}"
-    );
-}
-
-#[test]
-fn test_support_injects_a_stand_in_service() {
-    let started = plugin("fixture-greeter-consumer")
-        .stand_in("greeter", GreeterClient::serve(StandIn))
-        .start()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        started
-            .call_tool("greet-via-service", json!({ "name": "Ada" }))
-            .unwrap(),
-        ToolResult::ok("stand-in greets Ada")
-    );
-    assert_eq!(
-        started.registry().missing_optional,
-        [(
-            "fixture-greeter-consumer".to_string(),
-            "greeter-backup".to_string()
-        )]
-    );
-}
-
-#[test]
-fn test_support_refuses_what_cordis_check_refuses() {
-    let check = |outcome: std::result::Result<cordis_test::Started, HarnessError>,
-                 needles: &[&str]| {
-        let err = outcome.expect_err("must be refused").to_string();
-        for n in needles {
-            assert!(err.contains(n), "lacks {n:?}: {err}");
-        }
-    };
-    check(
-        plugin("fixture-greeter-consumer").start(),
-        &[
-            "plugin `fixture-greeter-consumer`: it requires service `greeter` (example.greeter v1)",
-            ".stand_in(\"greeter\", Client::serve(...))",
-        ],
-    );
-    check(
-        plugin("fixture-greeter-consumer")
-            .stand_in("greeter", GreeterV2Client::serve(StandIn))
-            .start(),
-        &["injects `greeter` as example.greeter v1, but the stand-in provides it as example.greeter v2"],
-    );
-    check(
-        plugin("cordis-example")
-            .config(json!({ "wrod": "hi" }))
-            .start(),
-        &["plugin `cordis-example` refuses the config", "wrod"],
-    );
-    let err = PluginUnderTest::load(workspace_root().join("Cargo.toml")).unwrap_err();
-    assert!(
-        err.to_string().starts_with("cannot load plugin library"),
-        "{err}"
-    );
-    let err = PluginUnderTest::build(workspace_root().join("no-such-crate")).unwrap_err();
-    assert!(
-        err.to_string().contains("there is no Cargo.toml in it"),
-        "{err}"
-    );
 }
 
 /// A copy of the SDK whose version is `version` (everything else unchanged), in `dir`.

@@ -24,6 +24,8 @@ mod sessions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cordis_sdk::abi::ServiceBox;
+
 pub use crate::approval::{render as render_approval, ApprovalRouter, Asker};
 pub use crate::diag::{
     code as diagnostic_code, hostile, Code, Diagnostic, Diagnostics, Pos, Severity, CODES,
@@ -56,6 +58,8 @@ pub struct Host {
     manifest: PathBuf,
     options: PlanOptions,
     services: HostServices,
+    /// Services the host provides in place of its own or a plugin's (`cordis-test`).
+    stand_ins: Vec<(ServiceSpec, ServiceBox)>,
 }
 
 impl Host {
@@ -73,7 +77,19 @@ impl Host {
                 protect: Some(services.protection().clone()),
             },
             services,
+            stand_ins: Vec::new(),
         }
+    }
+
+    /// Provides `service` as `spec.name` from the host itself, like `sessions` or
+    /// `approval`: entries inject it as they would a host service, and it replaces a host
+    /// service of the same name. A plugin test's stand-in for a service no entry of the
+    /// composition provides.
+    pub fn stand_in(&mut self, spec: ServiceSpec, service: ServiceBox) {
+        self.options.host_services.retain(|s| s.name != spec.name);
+        self.stand_ins.retain(|(s, _)| s.name != spec.name);
+        self.options.host_services.push(spec.clone());
+        self.stand_ins.push((spec, service));
     }
 
     /// The manifest.
@@ -121,8 +137,18 @@ impl Host {
     /// Plans and applies the composition.
     pub fn start(&self) -> anyhow::Result<(Plan, Registry)> {
         let plan = self.plan()?;
-        let mut registry = Registry::with_host_services(self.services.serve());
-        registry.apply_plan(&plan)?;
+        let registry = self.apply(&plan)?;
         Ok((plan, registry))
+    }
+
+    /// Applies a plan made by [`Host::plan`] into a new registry holding the host's
+    /// services (stand-ins included).
+    pub fn apply(&self, plan: &Plan) -> Result<Registry, ApplyError> {
+        let mut services = self.services.serve();
+        services.retain(|(s, _)| !self.stand_ins.iter().any(|(t, _)| t.name == s.name));
+        services.extend(self.stand_ins.iter().cloned());
+        let mut registry = Registry::with_host_services(services);
+        registry.apply_plan(plan)?;
+        Ok(registry)
     }
 }

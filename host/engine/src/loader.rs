@@ -25,6 +25,13 @@ impl SearchPath {
     /// `--plugin-path` flags, then `CORDIS_PLUGIN_PATH`, then the standard directories
     /// ([`standard_plugin_dirs`]).
     pub fn new(flags: &[PathBuf]) -> Self {
+        Self::for_binary(flags, std::env::current_exe().ok().as_deref())
+    }
+
+    /// The search path of the `cordis` binary at `exe` (its standard directories depend on
+    /// where it is), with `flags` and `CORDIS_PLUGIN_PATH` first: what that binary would
+    /// search, asked from another process (a plugin's tests).
+    pub fn for_binary(flags: &[PathBuf], exe: Option<&Path>) -> Self {
         let mut dirs: Vec<(PathBuf, &'static str)> =
             flags.iter().map(|d| (d.clone(), "--plugin-path")).collect();
         if let Some(env) = std::env::var_os(PLUGIN_PATH_ENV) {
@@ -34,11 +41,7 @@ impl SearchPath {
                     .map(|p| (p, PLUGIN_PATH_ENV)),
             );
         }
-        let exe = std::env::current_exe().ok();
-        dirs.extend(standard_plugin_dirs(
-            |name| std::env::var_os(name),
-            exe.as_deref(),
-        ));
+        dirs.extend(standard_plugin_dirs(|name| std::env::var_os(name), exe));
         SearchPath { dirs }
     }
 

@@ -206,7 +206,13 @@ pub enum ReloadError {
 impl Runtime {
     /// Plans and applies `host`'s manifest.
     pub fn start(host: Host) -> anyhow::Result<Arc<Runtime>> {
-        let (plan, registry) = host.start()?;
+        let plan = host.plan()?;
+        Ok(Runtime::apply(host, plan)?)
+    }
+
+    /// Applies `plan`, made by `host` ([`Host::plan`]).
+    pub fn apply(host: Host, plan: Plan) -> Result<Arc<Runtime>, ApplyError> {
+        let registry = host.apply(&plan)?;
         Ok(Arc::new(Runtime {
             host,
             composition: Mutex::new(Composition::new(plan, registry)),

@@ -1,6 +1,7 @@
-//! Test support for plugin authors: load a plugin library through the real `cordis` engine
-//! (its loader and registry; no front-end), with a given config and stand-in services, then call its services
-//! and tools and assert on the results — no manifest, no server.
+//! Test support for plugin authors: load plugin libraries through the real `cordis` engine
+//! (its loader, planner, registry and sessions; no front-end), with given configs and
+//! stand-in services, then call their services and tools and assert on the results — no
+//! server.
 //!
 //! Add it to the plugin crate's `dev-dependencies` and write an integration test:
 //!
@@ -44,30 +45,33 @@
 //! stand-in at once. A service the plugin provides is reached with [`Started::service`],
 //! typed by the seam crate's client.
 //!
-//! The plugin runs exactly as under `cordis`: its library is checked for ABI compatibility
-//! when loaded, its config is checked against its JSON Schema and its own deserializer,
-//! every required injection must be satisfied by a stand-in or a host service of the same
-//! interface and version, and it is applied and disposed by the host's registry. The
-//! host's own `sessions` and `approval` services are present (approval requests are
-//! answered "unavailable" unless [`PluginUnderTest::approve`] says otherwise).
+//! To test the whole chain — your tool, your provider, the real sandboxed `fs` under the
+//! policy the real policy owner resolves — apply a [`Composition`]: several plugins (built
+//! from a crate, loaded from a path, or [`PluginUnderTest::installed`] where your `cordis`
+//! finds them, e.g. the bundled ones) and stand-ins for the rest, planned and applied as
+//! `cordis` applies `cordis.yml`.
+//!
+//! The plugins run exactly as under `cordis`: each library is checked for ABI
+//! compatibility when loaded, each config against its JSON Schema and its plugin's own
+//! deserializer, every required injection must be satisfied by exactly one entry, stand-in
+//! or host service of the same interface and version, tool arguments are checked against
+//! the tool's input schema, and entries are applied and disposed by the host's registry.
+//! The host's own `sessions`, `approval` and `composition` services are present (approval
+//! requests are answered "unavailable" unless [`PluginUnderTest::approve`] or
+//! [`Composition::approve`] says otherwise).
 
 #![deny(missing_docs)]
 
+mod composition;
+mod plugin;
+
 use std::fmt;
-use std::marker::PhantomData;
-use std::ops::Deref;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
+use std::path::PathBuf;
 
-use cordis_engine::{
-    ApplyError, Entry, HostServices, Library, LoadError, Meta, Planned, Pos, Registry, ServiceSpec,
-    UnknownTool,
-};
-use cordis_sdk::abi::ServiceBox;
-use cordis_sdk::host::ApprovalOutcome;
-use cordis_sdk::{CallContext, Interface, InterfaceMismatch, Service, SessionInfo};
+use cordis_engine::{ApplyError, Diagnostics, LoadError, UnknownTool};
 
+pub use crate::composition::{Composition, ServiceRef, Started};
+pub use crate::plugin::PluginUnderTest;
 pub use cordis_sdk::ToolResult;
 
 /// Why a plugin could not be built, loaded, configured, started or called.
@@ -79,6 +83,15 @@ pub enum HarnessError {
         crate_dir: PathBuf,
         /// What went wrong (cargo's diagnostics when it ran).
         detail: String,
+    },
+    /// [`PluginUnderTest::installed`] found no library for the plugin.
+    NotInstalled {
+        /// The plugin.
+        plugin: String,
+        /// The `cordis` on `PATH` whose search path was used, if any.
+        cordis: Option<PathBuf>,
+        /// Every file tried, in order.
+        tried: Vec<PathBuf>,
     },
     /// The library could not be loaded (not a plugin, ABI mismatch, ...).
     Load {
@@ -102,7 +115,11 @@ pub enum HarnessError {
         /// What is missing or mismatched and how to supply it, one line each.
         problem: String,
     },
-    /// The plugin's `apply` failed.
+    /// The composition is not valid (a missing or duplicate provider, a cycle, a
+    /// mismatched interface, a refused config, ...): every problem, as `cordis check`
+    /// reports them against the composition's `cordis.yml` ([`Composition::manifest`]).
+    Composition(Diagnostics),
+    /// An entry's `apply` failed (everything applied before it was disposed).
     Apply(ApplyError),
     /// A call named a tool the plugin did not register.
     UnknownTool(UnknownTool),
@@ -125,6 +142,22 @@ impl fmt::Display for HarnessError {
                 "cannot build the plugin crate in {}: {detail}",
                 crate_dir.display()
             ),
+            HarnessError::NotInstalled {
+                plugin,
+                cordis,
+                tried,
+            } => {
+                let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+                write!(
+                    f,
+                    "plugin `{plugin}` is not installed where {} finds plugins; tried: {}; install it with `cordis plugin install`, point CORDIS_PLUGIN_PATH at its directory, or load it by path with `PluginUnderTest::load`",
+                    match cordis {
+                        Some(c) => format!("the `cordis` on PATH ({})", c.display()),
+                        None => "cordis (none on PATH)".to_string(),
+                    },
+                    if tried.is_empty() { "nothing".to_string() } else { tried.join(", ") }
+                )
+            }
             HarnessError::Load { path, error } => {
                 write!(f, "cannot load plugin library {}: {error}", path.display())
             }
@@ -136,6 +169,12 @@ impl fmt::Display for HarnessError {
             HarnessError::Injection { plugin, problem } => {
                 write!(f, "plugin `{plugin}`: {problem}")
             }
+            HarnessError::Composition(problems) => {
+                write!(
+                    f,
+                    "the test's composition is refused:\n{problems}\nhelp: in a test, each entry is a `.plugin(...)` of the composition (in the order added) and the host's services include every `.stand_in(...)`: supply a missing service with either, and drop a stand-in an entry provides"
+                )
+            }
             HarnessError::Apply(e) => write!(f, "{e}"),
             HarnessError::UnknownTool(e) => write!(f, "{e}"),
             HarnessError::Service { name, problem } => write!(f, "service `{name}`: {problem}"),
@@ -145,398 +184,3 @@ impl fmt::Display for HarnessError {
 }
 
 impl std::error::Error for HarnessError {}
-
-/// A plugin library loaded for a test, not yet applied: set its config and stand-ins,
-/// then [`start`](PluginUnderTest::start) it.
-pub struct PluginUnderTest {
-    library: Arc<Library>,
-    id: Option<String>,
-    config: serde_json::Value,
-    stand_ins: Vec<(ServiceSpec, ServiceBox)>,
-    cwd: Option<PathBuf>,
-    approval: Option<ApprovalOutcome>,
-}
-
-impl fmt::Debug for PluginUnderTest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PluginUnderTest")
-            .field("library", &self.library.path)
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl PluginUnderTest {
-    /// Loads the plugin library at `path` (a cdylib built with `export_plugin!`) through
-    /// the host's loader: ABI checks and metadata exactly as `cordis check` does them.
-    pub fn load(path: impl AsRef<Path>) -> Result<Self, HarnessError> {
-        let path = path.as_ref();
-        let library = Library::load(path).map_err(|error| HarnessError::Load {
-            path: path.to_path_buf(),
-            error,
-        })?;
-        Ok(PluginUnderTest {
-            library,
-            id: None,
-            config: serde_json::json!({}),
-            stand_ins: Vec::new(),
-            cwd: None,
-            approval: None,
-        })
-    }
-
-    /// Runs `cargo build --lib` for the crate in `crate_dir` (usually
-    /// `env!("CARGO_MANIFEST_DIR")`) and loads the cdylib it produced. Cargo honours
-    /// `CARGO_TARGET_DIR` and the crate's own settings, as for any build.
-    pub fn build(crate_dir: impl AsRef<Path>) -> Result<Self, HarnessError> {
-        let path = build_cdylib(crate_dir.as_ref())?;
-        Self::load(path)
-    }
-
-    /// The plugin's metadata (name, version, provided and injected services, config
-    /// schema) as the host read it from the library.
-    pub fn meta(&self) -> &Meta {
-        &self.library.meta
-    }
-
-    /// The library file that was loaded.
-    pub fn path(&self) -> &Path {
-        &self.library.path
-    }
-
-    /// The entry id the plugin sees in `Context::entry_id` (default: the plugin's name).
-    pub fn id(mut self, id: &str) -> Self {
-        self.id = Some(id.to_string());
-        self
-    }
-
-    /// The config, as it would be written under `config:` in `cordis.yml` (default `{}`).
-    pub fn config(mut self, config: serde_json::Value) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Supplies service `name` to the plugin: `service` is a provider wrapped by the seam
-    /// crate's client, e.g. `GreeterClient::serve(MyStandIn)`. It replaces a host service
-    /// of the same name.
-    pub fn stand_in(mut self, name: &str, service: ServiceBox) -> Self {
-        let decl = service.interface();
-        let spec = ServiceSpec {
-            name: name.to_string(),
-            interface: decl.interface.to_string(),
-            version: decl.version,
-        };
-        self.stand_ins.retain(|(s, _)| s.name != name);
-        self.stand_ins.push((spec, service));
-        self
-    }
-
-    /// The working directory of the session tool calls run in (default: a fresh
-    /// temporary directory).
-    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.cwd = Some(dir.into());
-        self
-    }
-
-    /// Answers every approval request the plugin makes with `outcome`.
-    pub fn approve(mut self, outcome: ApprovalOutcome) -> Self {
-        self.approval = Some(outcome);
-        self
-    }
-
-    /// Checks the config against the plugin's JSON Schema and its own deserializer,
-    /// without applying anything (what `cordis check` does for an entry).
-    pub fn check_config(&self) -> Result<(), HarnessError> {
-        let entry = self.entry();
-        let meta = &self.library.meta;
-        let mut problems: Vec<String> = cordis_engine::validate_config(&entry, &meta.config_schema)
-            .into_iter()
-            .map(|d| match d.help {
-                Some(h) => format!("{} (help: {h})", d.message),
-                None => d.message,
-            })
-            .collect();
-        if problems.is_empty() {
-            if let Err(e) = self.library.check_config(&self.config.to_string()) {
-                problems.push(match e.help.into_option() {
-                    Some(h) => format!("{} (help: {h})", e.message),
-                    None => e.message.to_string(),
-                });
-            }
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(HarnessError::Config {
-                plugin: meta.name.clone(),
-                problems,
-            })
-        }
-    }
-
-    fn entry(&self) -> Entry {
-        let name = self.library.meta.name.clone();
-        Entry {
-            id: self.id.clone().unwrap_or_else(|| name.clone()),
-            plugin: name,
-            path: Some(self.library.path.clone()),
-            config: self.config.clone(),
-            config_node: None,
-            disabled: false,
-            pos: Pos { line: 1, col: 1 },
-        }
-    }
-
-    /// Checks the config and the injections, then applies the plugin through the host's
-    /// registry. The returned [`Started`] disposes it when dropped.
-    pub fn start(self) -> Result<Started, HarnessError> {
-        self.check_config()?;
-        let state = tempfile::Builder::new()
-            .prefix("cordis-test-")
-            .tempdir()
-            .map_err(HarnessError::Io)?;
-        let host = HostServices::new(&state.path().join("state"));
-        match self.approval {
-            Some(outcome) => host.approvals().answer_always(outcome),
-            None => host.approvals().set_default(None),
-        }
-        let mut services = host.serve();
-        services.retain(|(s, _)| !self.stand_ins.iter().any(|(t, _)| t.name == s.name));
-        services.extend(self.stand_ins.iter().cloned());
-        self.check_injections(&services)?;
-
-        let cwd = match &self.cwd {
-            Some(dir) => dir.clone(),
-            None => {
-                let dir = state.path().join("work");
-                std::fs::create_dir_all(&dir).map_err(HarnessError::Io)?;
-                dir
-            }
-        };
-        let session = host
-            .sessions()
-            .create(&cwd)
-            .map_err(|e| HarnessError::Io(std::io::Error::other(e.to_string())))?;
-
-        let planned = Planned {
-            entry: self.entry(),
-            library: self.library.clone(),
-        };
-        let mut registry = Registry::with_host_services(services);
-        registry
-            .apply_entry(&planned)
-            .map_err(HarnessError::Apply)?;
-        Ok(Started {
-            registry,
-            session,
-            calls: std::sync::atomic::AtomicU64::new(0),
-            _state: state,
-            _library: self.library,
-        })
-    }
-
-    /// Every required injection without a fitting stand-in, all reported at once.
-    fn check_injections(&self, services: &[(ServiceSpec, ServiceBox)]) -> Result<(), HarnessError> {
-        let meta = &self.library.meta;
-        let problems: Vec<String> = meta
-            .injects
-            .iter()
-            .filter_map(|inj| match services.iter().find(|(s, _)| s.name == inj.name) {
-                None if inj.optional => None,
-                None => Some(format!(
-                    "it requires service `{}` ({} v{}); supply one with `.stand_in(\"{}\", Client::serve(...))` using the seam crate's client, or the stand-in its interface crate ships behind the feature `testing`",
-                    inj.name, inj.interface, inj.version, inj.name
-                )),
-                Some((s, _)) => InterfaceMismatch::check(
-                    &inj.name,
-                    (&inj.interface, inj.version),
-                    (&s.interface, s.version),
-                )
-                .err()
-                .map(|mismatch| mismatch.explain("it", "the stand-in")),
-            })
-            .collect();
-        if problems.is_empty() {
-            return Ok(());
-        }
-        Err(HarnessError::Injection {
-            plugin: meta.name.clone(),
-            problem: problems.join("\n  "),
-        })
-    }
-}
-
-/// Runs `cargo build --lib` in `crate_dir` and returns the cdylib it reports.
-fn build_cdylib(crate_dir: &Path) -> Result<PathBuf, HarnessError> {
-    let fail = |detail: String| HarnessError::Build {
-        crate_dir: crate_dir.to_path_buf(),
-        detail,
-    };
-    let manifest = crate_dir.join("Cargo.toml");
-    if !manifest.is_file() {
-        return Err(fail(
-            "there is no Cargo.toml in it; pass the plugin crate's directory, e.g. env!(\"CARGO_MANIFEST_DIR\")"
-                .to_string(),
-        ));
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(crate_dir)
-        .args(["build", "--lib", "--message-format=json-render-diagnostics"])
-        .arg("--manifest-path")
-        .arg(&manifest)
-        .output()
-        .map_err(|e| fail(format!("cannot run cargo: {e}")))?;
-    if !out.status.success() {
-        return Err(fail(format!(
-            "cargo build failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let suffix = std::env::consts::DLL_SUFFIX;
-    let mut found = None;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] != "compiler-artifact" {
-            continue;
-        }
-        let target_dir = msg["manifest_path"]
-            .as_str()
-            .and_then(|p| Path::new(p).parent())
-            .map(Path::to_path_buf);
-        let is_cdylib = msg["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "cdylib"));
-        let ours = target_dir
-            .zip(crate_dir.canonicalize().ok())
-            .is_some_and(|(a, b)| a.canonicalize().ok() == Some(b));
-        if !(is_cdylib && ours) {
-            continue;
-        }
-        found = msg["filenames"].as_array().and_then(|files| {
-            files
-                .iter()
-                .filter_map(|f| f.as_str())
-                .find(|f| f.ends_with(suffix))
-                .map(PathBuf::from)
-        });
-    }
-    found.ok_or_else(|| {
-        fail(
-            "cargo built no cdylib for it; set `crate-type = [\"cdylib\"]` under `[lib]` in Cargo.toml"
-                .to_string(),
-        )
-    })
-}
-
-/// An applied plugin. Dropping it disposes the plugin (its disposers run), then unloads
-/// the library.
-pub struct Started {
-    // Field order is drop order: the registry (instances, services, tools whose code lives
-    // in the library) goes before the library itself.
-    registry: Registry,
-    session: SessionInfo,
-    calls: std::sync::atomic::AtomicU64,
-    _state: tempfile::TempDir,
-    _library: Arc<Library>,
-}
-
-impl fmt::Debug for Started {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Started")
-            .field(
-                "services",
-                &self.registry.services.keys().collect::<Vec<_>>(),
-            )
-            .field("tools", &self.tools())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Started {
-    /// Calls tool `name` with JSON `args` in the test session, as `cordis call` would.
-    /// A tool's own error is an error *result* (`is_error`), with its code and help in the
-    /// text; only an unknown tool is an `Err`.
-    pub fn call_tool(
-        &self,
-        name: &str,
-        args: serde_json::Value,
-    ) -> Result<ToolResult, HarnessError> {
-        let n = self
-            .calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let call = CallContext {
-            session: self.session.clone(),
-            call_id: format!("cordis-test-{n}"),
-            cancel_fd: None,
-            progress_fd: None,
-        };
-        self.registry
-            .call_tool(name, &call, &args)
-            .map_err(HarnessError::UnknownTool)
-    }
-
-    /// The names of the tools the plugin registered, sorted.
-    pub fn tools(&self) -> Vec<String> {
-        self.registry.tools.keys().cloned().collect()
-    }
-
-    /// The session tool calls run in.
-    pub fn session(&self) -> &SessionInfo {
-        &self.session
-    }
-
-    /// A typed client for service `name` (one the plugin provides, or a stand-in), e.g.
-    /// `started.service::<GreeterClient>("greeter")`. The client borrows `self`, so it
-    /// cannot outlive the library that serves it.
-    pub fn service<I: Interface>(&self, name: &str) -> Result<ServiceRef<'_, I>, HarnessError> {
-        let slot = self
-            .registry
-            .services
-            .get(name)
-            .ok_or_else(|| HarnessError::Service {
-                name: name.to_string(),
-                problem: format!(
-                    "not registered; registered services: {}",
-                    self.registry
-                        .services
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            })?;
-        let client = Service::checked::<I>(name, slot.handle.clone()).map_err(|e| {
-            HarnessError::Service {
-                name: name.to_string(),
-                problem: e.message,
-            }
-        })?;
-        Ok(ServiceRef {
-            client,
-            _started: PhantomData,
-        })
-    }
-
-    /// The host registry the plugin was applied into (services, tools, absent optional
-    /// injections).
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-}
-
-/// A typed service client borrowed from a [`Started`] plugin; dereferences to the client.
-pub struct ServiceRef<'a, I> {
-    client: I,
-    _started: PhantomData<&'a Started>,
-}
-
-impl<I> Deref for ServiceRef<'_, I> {
-    type Target = I;
-
-    fn deref(&self) -> &I {
-        &self.client
-    }
-}

@@ -1,7 +1,7 @@
 //! The outside plugin's own tests: `cordis-test` with the stand-ins the interface crates
 //! ship (feature `testing`), one line each.
 
-use cordis_test::{PluginUnderTest, ToolResult};
+use cordis_test::{Composition, PluginUnderTest, ToolResult};
 use dsh_fs_api::testing::TempDirFs;
 use dsh_sandbox::testing::FixedPolicy;
 use dsh_sandbox::SandboxMode;
@@ -39,4 +39,34 @@ fn every_missing_stand_in_is_named_at_once() {
         err.contains("it requires service `fs`") && err.contains("it requires service `sandboxPolicy`"),
         "{err}"
     );
+}
+
+/// The whole chain: this plugin, the bundled sandboxed `fs` and the real policy owner,
+/// loaded from where the `cordis` on `PATH` finds them, composed as `cordis.yml` would.
+#[test]
+fn the_real_fs_refuses_a_note_under_the_real_policy_owners_read_only_mode() {
+    let compose = |mode: &str| {
+        Composition::new()
+            .plugin(plugin())
+            .plugin(PluginUnderTest::installed("dsh-fs-sandbox").unwrap_or_else(|e| panic!("{e}")))
+            .plugin(
+                PluginUnderTest::installed("dsh-sandbox-policy")
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .config(json!({ "mode": mode })),
+            )
+            .start()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let read_only = compose("read-only");
+    let refused = read_only.call_tool("note", json!({ "text": "one" })).unwrap();
+    let marker = dsh_sandbox::denial_marker(SandboxMode::ReadOnly);
+    assert!(refused.is_error && refused.text.starts_with(&marker), "{}", refused.text);
+    assert_eq!(refused.text.matches(&marker).count(), 1, "{}", refused.text);
+    assert!(!read_only.session().cwd.join("NOTES.txt").exists());
+
+    let writable = compose("workspace-write");
+    let noted = writable.call_tool("note", json!({ "text": "two" })).unwrap();
+    assert_eq!(noted, ToolResult::ok("noted under workspace-write"));
+    let notes = std::fs::read_to_string(writable.session().cwd.join("NOTES.txt")).unwrap();
+    assert_eq!(notes, "two\n");
 }
