@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cordis_e2e::{
-    build_workspace, library, outside_base, target_dir, unique, with_build_lock, workspace_root,
-    Scratch,
+    build_workspace, cargo, cargo_target, library, outside_base, sdk_copy, target_dir, unique,
+    with_build_lock, workspace_profiles, workspace_root, write_sdk_manifest, Scratch,
 };
 use serde_json::Value;
 
@@ -252,9 +252,25 @@ fn a_plugin_crate_is_installed_listed_composed_and_removed() {
     let installed = user_dir(&s).join("libcordis_example.so");
     assert_eq!(
         files_in(&user_dir(&s)),
-        ["libcordis_example.so"],
+        [".sources", "libcordis_example.so"],
         "no temporary file left"
     );
+    // Where it came from, for `cordis plugin upgrade`.
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(user_dir(&s).join(".sources/libcordis_example.so.json"))
+            .expect("the install is recorded"),
+    )
+    .expect("a JSON record");
+    assert_eq!(
+        record["source"]["crate"],
+        workspace_root()
+            .join("plugins/examples/example")
+            .canonicalize()
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
+    assert_eq!(record["plugin"], "cordis-example");
 
     let entries = listed(&s, "cordis-example");
     assert_eq!(
@@ -297,7 +313,12 @@ fn a_plugin_crate_is_installed_listed_composed_and_removed() {
             &format!("removed {}", installed.display()),
             "the search path still finds `cordis-example`",
         ]);
-    assert_eq!(files_in(&user_dir(&s)), Vec::<String>::new());
+    assert_eq!(files_in(&user_dir(&s)), [".sources"]);
+    assert_eq!(
+        files_in(&user_dir(&s).join(".sources")),
+        Vec::<String>::new(),
+        "the record goes with the library"
+    );
     assert_eq!(listed(&s, "cordis-example").len(), 1);
     s.run(&["plugin", "remove", "cordis-example"])
         .expect_code(1)
@@ -317,7 +338,10 @@ fn a_plugin_crate_is_installed_listed_composed_and_removed() {
         std::fs::read(&impostor).expect("impostor"),
         "the file was left as it was"
     );
-    assert_eq!(files_in(&user_dir(&s)), ["libcordis_example.so"]);
+    assert_eq!(
+        files_in(&user_dir(&s)),
+        [".sources", "libcordis_example.so"]
+    );
 }
 
 /// A truncated library, a file that is not ELF and a shared object that is no cordis
@@ -362,4 +386,178 @@ fn a_broken_library_is_refused_and_nothing_is_copied() {
     ])
     .expect_code(1)
     .expect_output(&["neither a plugin library nor a plugin crate directory"]);
+}
+
+/// A plugin crate outside the workspace, depending on a copy of the SDK by path, so the
+/// test can build it against another SDK release.
+struct OutsideCrate {
+    scratch: Scratch,
+    sdk: PathBuf,
+    dir: PathBuf,
+}
+
+impl OutsideCrate {
+    fn new(name: &str) -> Self {
+        let scratch = Scratch::new();
+        let sdk = sdk_copy(&scratch.path(), env!("CARGO_PKG_VERSION"));
+        scratch.write(".cargo/config.toml", &workspace_profiles());
+        scratch.write(
+            "plugin/Cargo.toml",
+            &format!(
+                "[package]\nname = \"{name}\"\nversion = \"0.2.0\"\nedition = \"2021\"\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[dependencies]\ncordis-sdk = {{ path = \"../sdk\" }}\nschemars = \"1\"\nserde = {{ version = \"1\", features = [\"derive\"] }}\n\n[workspace]\n"
+            ),
+        );
+        scratch.write(
+            "plugin/src/lib.rs",
+            &format!("use cordis_sdk::prelude::*;\n#[derive(Deserialize, JsonSchema)]\npub struct Config {{}}\npub struct P;\nimpl Plugin for P {{\n    type Config = Config;\n    fn metadata() -> Metadata {{ Metadata::new(\"{name}\", \"0.2.0\") }}\n    fn apply(_ctx: &mut Context<'_>, _config: Config) -> Result<Self> {{ Ok(P) }}\n}}\ncordis_sdk::export_plugin!(P);\n"),
+        );
+        let dir = scratch.path().join("plugin");
+        std::fs::copy(workspace_root().join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
+        OutsideCrate { scratch, sdk, dir }
+    }
+
+    /// Sets the SDK copy's release to `version`.
+    fn sdk_release(&self, version: &str) {
+        let manifest = std::fs::read_to_string(workspace_root().join("plugins/sdk/Cargo.toml"))
+            .expect("the SDK's manifest");
+        write_sdk_manifest(&self.sdk, &manifest, version);
+    }
+
+    /// `cordis ARGS` sharing the workspace's target directory, under the build lock, the
+    /// library taken out of the shared release directory afterwards (no plugin of this
+    /// workspace).
+    fn cordis(&self, s: &Scratch, args: &[&str], code: i32, name: &str) -> String {
+        with_build_lock(|| {
+            let mut cmd = s.cordis(args);
+            cmd.env("CARGO_TARGET_DIR", cargo_target());
+            let out = expect(&mut cmd, code);
+            let _ = std::fs::remove_file(
+                cargo_target()
+                    .join("release")
+                    .join(cordis_engine::library_file_name(name)),
+            );
+            out
+        })
+    }
+
+    /// `cargo build --release` of the crate; its library.
+    fn build_release(&self, name: &str) -> Vec<u8> {
+        with_build_lock(|| {
+            let mut cmd = cargo(&self.dir, &["build", "--release"]);
+            expect(&mut cmd, 0);
+            let built = cargo_target()
+                .join("release")
+                .join(cordis_engine::library_file_name(name));
+            let bytes = std::fs::read(&built).expect("the built library");
+            let _ = std::fs::remove_file(&built);
+            bytes
+        })
+    }
+}
+
+/// An installed plugin built against an older SDK release than this cordis's: `cordis
+/// plugin list` names it with the reason and the fix; `cordis plugin upgrade` rebuilds it
+/// from the crate `install` recorded — refused, with the file untouched, while the crate
+/// still depends on the old release; in place, and loading, once it depends on this one.
+#[test]
+fn an_installed_plugin_of_an_older_sdk_release_is_named_stale_and_upgraded_from_its_source() {
+    build_workspace();
+    let name = "stale-notes";
+    let krate = OutsideCrate::new(name);
+    let s = &krate.scratch;
+    let installed = user_dir(s).join(cordis_engine::library_file_name(name));
+    let dir = krate.dir.to_str().unwrap();
+    let first = krate.cordis(s, &["plugin", "install", dir], 0, name);
+    assert!(
+        first.contains("installed plugin `stale-notes` 0.2.0"),
+        "{first}"
+    );
+
+    // What an older cordis installed: the same crate built against an older SDK release.
+    krate.sdk_release("0.0.9");
+    let old = krate.build_release(name);
+    std::fs::write(&installed, &old).expect("put the old build in place");
+    s.manifest(&format!("- name: {name}\n"));
+    s.run(&["check"])
+        .expect_code(1)
+        .expect_output(&["built against cordis-sdk 0.0.9"]);
+    s.run(&["plugin", "list"]).expect_code(0).expect_output(&[
+        &format!(
+            "1 plugin library this cordis (cordis-sdk {}) cannot load:",
+            env!("CARGO_PKG_VERSION")
+        ),
+        &format!(
+            "{}: ABI mismatch: the plugin was built against cordis-sdk 0.0.9",
+            installed.display()
+        ),
+        &format!(
+            "fix: `cordis plugin upgrade {name}` rebuilds it from the crate at {}",
+            krate.dir.display()
+        ),
+    ]);
+    let run = s.run(&["plugin", "list", "--format", "json"]);
+    run.expect_code(0);
+    let all: Vec<Value> = serde_json::from_str(&run.stdout()).expect("json list");
+    let stale = all
+        .iter()
+        .find(|l| l["file"] == installed.to_str().unwrap())
+        .expect("listed");
+    assert_eq!(stale["installed_from"]["crate"], dir, "{stale}");
+    assert!(
+        stale["error"].as_str().unwrap().contains("0.0.9"),
+        "{stale}"
+    );
+    assert!(
+        stale["fix"]
+            .as_str()
+            .unwrap()
+            .contains("cordis plugin upgrade"),
+        "{stale}"
+    );
+
+    // Still depending on the old release, the rebuild is refused as `install` refuses it.
+    let refused = krate.cordis(s, &["plugin", "upgrade"], 1, name);
+    assert!(
+        refused.contains(&format!(
+            "`{name}`: not upgraded, {} is unchanged",
+            installed.display()
+        )) && refused.contains("built against cordis-sdk 0.0.9"),
+        "{refused}"
+    );
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        old,
+        "the file is unchanged"
+    );
+
+    // Depending on this cordis's release, it is rebuilt, checked and put in place.
+    krate.sdk_release(env!("CARGO_PKG_VERSION"));
+    let upgraded = krate.cordis(s, &["plugin", "upgrade"], 0, name);
+    assert!(
+        upgraded.contains(&format!(
+            "`{name}`: reinstalled from the crate at {} at {}: {name} 0.2.0 (cordis-sdk {})",
+            krate.dir.display(),
+            installed.display(),
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{upgraded}"
+    );
+    s.run(&["check"])
+        .expect_code(0)
+        .expect_output(&["valid composition"]);
+    let listed = s.run(&["plugin", "list"]);
+    listed.expect_code(0);
+    assert!(
+        !listed.stdout().contains("cannot load"),
+        "{}",
+        listed.stdout()
+    );
+    let again = krate.cordis(s, &["plugin", "upgrade"], 0, name);
+    assert!(
+        again.contains(&format!("`{name}`: loads with this cordis; left as it is")),
+        "{again}"
+    );
+    s.run(&["plugin", "upgrade", "no-such-plugin"])
+        .expect_code(1)
+        .expect_output(&["no plugin `no-such-plugin` is installed in"]);
 }

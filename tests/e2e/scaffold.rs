@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use cordis_e2e::{
-    bundled_manifest, cargo, cargo_target, target_dir, with_build_lock, workspace_profiles,
-    workspace_root, Scratch,
+    bundled_manifest, cargo, cargo_target, sdk_copy, target_dir, with_build_lock,
+    workspace_profiles, workspace_root, write_sdk_manifest, Scratch,
 };
 use cordis_test::PluginUnderTest;
 use serde_json::json;
@@ -701,6 +701,29 @@ fn cordis_new_in_a_workspace_adds_a_member_that_builds_there() {
     );
 }
 
+/// A member's profiles are ignored, so for a workspace that sets no `[profile.dev]` the
+/// light profile is suggested for its root manifest, which stays as it was.
+#[test]
+fn cordis_new_in_a_workspace_without_a_dev_profile_suggests_the_light_one() {
+    let scratch = Scratch::new();
+    scratch.write("Cargo.toml", "[workspace]\nmembers = []\n");
+    let printed = cordis_new_in(&scratch, &["bare"], None);
+    let root = scratch.path().join("Cargo.toml");
+    assert!(
+        printed.contains(&format!(
+            "tip: the workspace sets no `[profile.dev]`; for test builds about half the size and faster, add to {}:",
+            root.display()
+        )) && printed.contains("[profile.dev.package.\"*\"]\ndebug = false\n"),
+        "{printed}"
+    );
+    let manifest = std::fs::read_to_string(scratch.path().join("bare/Cargo.toml")).unwrap();
+    assert!(!manifest.contains("[profile"), "{manifest}");
+    assert_eq!(
+        std::fs::read_to_string(&root).unwrap(),
+        "[workspace]\nmembers = [\"bare\"]\n"
+    );
+}
+
 /// A workspace whose `members` glob covers the new crate keeps its root manifest byte for
 /// byte, and the library's path follows the target directory cargo is told of; a crate
 /// under an excluded path is its own workspace, and the note says so.
@@ -730,7 +753,12 @@ fn cordis_new_in_a_workspace_that_covers_or_excludes_the_crate_leaves_its_manife
     let yml = std::fs::read_to_string(dir.join("cordis.yml")).unwrap();
     assert!(yml.contains(&entry), "{yml}");
     let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
-    assert!(!manifest.contains("[workspace]"), "{manifest}");
+    assert!(
+        !manifest.contains("[workspace]") && !manifest.contains("[profile"),
+        "{manifest}"
+    );
+    // The root sets its own `[profile.dev]`: nothing to suggest.
+    assert!(!printed.contains("tip:"), "{printed}");
     assert_eq!(
         std::fs::read(&root).unwrap(),
         before,
@@ -748,7 +776,13 @@ fn cordis_new_in_a_workspace_that_covers_or_excludes_the_crate_leaves_its_manife
         "{printed}"
     );
     let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
-    assert!(manifest.ends_with("\n[workspace]\n"), "{manifest}");
+    assert!(
+        manifest.contains("\n[workspace]\n")
+            && manifest.ends_with(
+                "[profile.dev]\ndebug = \"line-tables-only\"\n\n[profile.dev.package.\"*\"]\ndebug = false\n"
+            ),
+        "{manifest}"
+    );
     assert_relative_sdk_dependencies(&dir, &manifest);
     let yml = std::fs::read_to_string(dir.join("cordis.yml")).unwrap();
     let file = cordis_engine::library_file_name("apart");
@@ -835,20 +869,6 @@ fn cordis_new_refuses_bad_names_and_existing_directories() {
     assert!(!scratch.path().join("elsewhere").exists());
 }
 
-/// A copy of the SDK whose version is `version` (everything else unchanged), in `dir`.
-fn sdk_copy(dir: &Path, version: &str) -> PathBuf {
-    let sdk = workspace_root().join("plugins/sdk");
-    let copy = dir.join("sdk");
-    std::fs::create_dir_all(copy.join("src")).unwrap();
-    for file in std::fs::read_dir(sdk.join("src")).unwrap() {
-        let file = file.unwrap().path();
-        std::fs::copy(&file, copy.join("src").join(file.file_name().unwrap())).unwrap();
-    }
-    let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap();
-    write_sdk_manifest(&copy, &manifest, version);
-    copy
-}
-
 /// The SDK's sources as they were at `revision` (from git), in `dir/sdk`.
 fn sdk_at_revision(dir: &Path, revision: &str) -> PathBuf {
     let copy = dir.join("sdk");
@@ -877,28 +897,6 @@ fn sdk_at_revision(dir: &Path, revision: &str) -> PathBuf {
     let version = env!("CARGO_PKG_VERSION");
     write_sdk_manifest(&copy, &String::from_utf8(manifest).unwrap(), version);
     copy
-}
-
-/// The SDK's `Cargo.toml` standing alone (no workspace), at `version`.
-fn write_sdk_manifest(copy: &Path, manifest: &str, version: &str) {
-    let manifest = manifest
-        .replace("rust-version.workspace = true", "")
-        .replace(
-            "version.workspace = true",
-            &format!("version = \"{version}\""),
-        )
-        .replace("edition.workspace = true", "edition = \"2021\"")
-        .replace("license.workspace = true", "")
-        .replace("abi_stable.workspace = true", "abi_stable = \"0.11.3\"")
-        .replace("schemars.workspace = true", "schemars = \"1\"")
-        .replace(
-            "serde.workspace = true",
-            "serde = { version = \"1\", features = [\"derive\"] }",
-        )
-        .replace("serde_json.workspace = true", "serde_json = \"1\"")
-        .replace("tracing.workspace = true", "tracing = \"0.1\"");
-    assert!(!manifest.contains(".workspace"), "{manifest}");
-    std::fs::write(copy.join("Cargo.toml"), manifest).unwrap();
 }
 
 /// This host's cordis-sdk version and the ABI it speaks.

@@ -1072,3 +1072,39 @@ pub fn shell_exec(
         .exec(request)
         .unwrap_or_else(|e| panic!("`{what}` could not run: {e}"))
 }
+
+/// A copy of the SDK whose version is `version` (everything else unchanged), in `dir`.
+pub fn sdk_copy(dir: &Path, version: &str) -> PathBuf {
+    let sdk = workspace_root().join("plugins/sdk");
+    let copy = dir.join("sdk");
+    std::fs::create_dir_all(copy.join("src")).unwrap();
+    for file in std::fs::read_dir(sdk.join("src")).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(&file, copy.join("src").join(file.file_name().unwrap())).unwrap();
+    }
+    let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap();
+    write_sdk_manifest(&copy, &manifest, version);
+    copy
+}
+
+/// The SDK's `Cargo.toml` standing alone (no workspace), at `version`.
+pub fn write_sdk_manifest(copy: &Path, manifest: &str, version: &str) {
+    let manifest = manifest
+        .replace("rust-version.workspace = true", "")
+        .replace(
+            "version.workspace = true",
+            &format!("version = \"{version}\""),
+        )
+        .replace("edition.workspace = true", "edition = \"2021\"")
+        .replace("license.workspace = true", "")
+        .replace("abi_stable.workspace = true", "abi_stable = \"0.11.3\"")
+        .replace("schemars.workspace = true", "schemars = \"1\"")
+        .replace(
+            "serde.workspace = true",
+            "serde = { version = \"1\", features = [\"derive\"] }",
+        )
+        .replace("serde_json.workspace = true", "serde_json = \"1\"")
+        .replace("tracing.workspace = true", "tracing = \"0.1\"");
+    assert!(!manifest.contains(".workspace"), "{manifest}");
+    std::fs::write(copy.join("Cargo.toml"), manifest).unwrap();
+}

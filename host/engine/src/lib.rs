@@ -32,7 +32,8 @@ pub use crate::diag::{
 };
 pub use crate::host_services::HostServices;
 pub use crate::loader::{
-    library_file_name, user_plugin_dir, Copies, Library, LoadError, Meta, SearchPath, ServiceSpec,
+    library_file_name, sdk_version, user_plugin_dir, Copies, Library, LoadError, Meta, SearchPath,
+    ServiceSpec,
 };
 pub use crate::manifest::{
     closest, parse as parse_manifest, parse_yaml, plugin_name, Entry, Manifest, Node,

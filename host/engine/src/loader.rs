@@ -604,6 +604,12 @@ impl Library {
 }
 
 /// The cordis-sdk version this host was built with.
+/// The `cordis-sdk` release this host was built with (what a library's SDK is checked
+/// against).
+pub fn sdk_version() -> String {
+    host_sdk().to_string()
+}
+
 fn host_sdk() -> VersionNumber {
     VersionNumber::new(<PluginModRef as RootModule>::VERSION_STRINGS)
         .expect("cordis-sdk's own version is a semver version")

@@ -53,9 +53,11 @@ impl PluginUnderTest {
         })
     }
 
-    /// Runs `cargo build --lib` for the crate in `crate_dir` (usually
-    /// `env!("CARGO_MANIFEST_DIR")`) and loads the cdylib it produced. Cargo honours
-    /// `CARGO_TARGET_DIR` and the crate's own settings, as for any build.
+    /// Builds the crate in `crate_dir` (usually `env!("CARGO_MANIFEST_DIR")`) and loads
+    /// the cdylib it produced. From a test that `cargo test` runs, this is the library
+    /// `cargo test` has just built (`cargo build --tests` with the test's profile and
+    /// target directory: the same features, so nothing is compiled again); elsewhere cargo
+    /// builds it. Cargo honours `CARGO_TARGET_DIR` and the crate's own settings.
     pub fn build(crate_dir: impl AsRef<Path>) -> Result<Self, HarnessError> {
         let path = build_cdylib(crate_dir.as_ref())?;
         Self::load(path)
@@ -228,11 +230,27 @@ fn build_cdylib(crate_dir: &Path) -> Result<PathBuf, HarnessError> {
         ));
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // `--tests`, not `--lib`: with the dev-dependencies' features, as `cargo test` built
+    // the library (a `--lib` build resolves features without them and compiles the
+    // dependencies again).
+    command
         .current_dir(crate_dir)
-        .args(["build", "--lib", "--message-format=json-render-diagnostics"])
+        .args([
+            "build",
+            "--tests",
+            "--message-format=json-render-diagnostics",
+        ])
         .arg("--manifest-path")
-        .arg(&manifest)
+        .arg(&manifest);
+    if let Some((target_dir, profile)) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| cargo_output_of(&exe))
+    {
+        command.arg("--target-dir").arg(target_dir);
+        command.args(["--profile", &profile]);
+    }
+    let out = command
         .output()
         .map_err(|e| fail(format!("cannot run cargo: {e}")))?;
     if !out.status.success() {
@@ -256,20 +274,22 @@ fn build_cdylib(crate_dir: &Path) -> Result<PathBuf, HarnessError> {
             .map(Path::to_path_buf);
         let is_cdylib = msg["target"]["kind"]
             .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "cdylib"));
+            .is_some_and(|k| k.iter().any(|k| k == "cdylib"))
+            && msg["profile"]["test"] != true;
         let ours = target_dir
             .zip(crate_dir.canonicalize().ok())
             .is_some_and(|(a, b)| a.canonicalize().ok() == Some(b));
         if !(is_cdylib && ours) {
             continue;
         }
-        found = msg["filenames"].as_array().and_then(|files| {
+        let library = msg["filenames"].as_array().and_then(|files| {
             files
                 .iter()
                 .filter_map(|f| f.as_str())
                 .find(|f| f.ends_with(suffix))
                 .map(PathBuf::from)
         });
+        found = library.or(found);
     }
     found.ok_or_else(|| {
         fail(
@@ -277,4 +297,25 @@ fn build_cdylib(crate_dir: &Path) -> Result<PathBuf, HarnessError> {
                 .to_string(),
         )
     })
+}
+
+/// The target directory and profile a test executable at `exe` was built with, when it
+/// lies where cargo puts them: `<target>/<profile dir>/deps/`, `<target>` holding cargo's
+/// `CACHEDIR.TAG`.
+fn cargo_output_of(exe: &Path) -> Option<(PathBuf, String)> {
+    let deps = exe.parent()?;
+    if deps.file_name()? != "deps" {
+        return None;
+    }
+    let profile_dir = deps.parent()?;
+    let target = profile_dir.parent()?;
+    if !target.join("CACHEDIR.TAG").is_file() {
+        return None;
+    }
+    let profile = match profile_dir.file_name()?.to_str()? {
+        "debug" => "dev",
+        "release" => "release",
+        other => other,
+    };
+    Some((target.to_path_buf(), profile.to_string()))
 }

@@ -8,7 +8,9 @@ pub(crate) fn new_plugin(
     path: Option<PathBuf>,
     sdk_path: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    use cordis_cli::scaffold::{entry, scaffold, Membership, NewPlugin, SDK_VERSION};
+    use cordis_cli::scaffold::{
+        entry, scaffold, Membership, NewPlugin, LIGHT_PROFILE, SDK_VERSION,
+    };
     let made = scaffold(&NewPlugin {
         dir: path.unwrap_or_else(|| PathBuf::from(&name)),
         sdk: sdk_path,
@@ -22,15 +24,28 @@ pub(crate) fn new_plugin(
     );
     match &made.workspace {
         Membership::Alone => {}
-        Membership::Member { root, path, added } => println!(
-            "a member of the workspace at {}{}; it builds into that workspace's target directory",
-            root.display(),
-            if *added {
-                format!(" (`{path}` added to `members` in its Cargo.toml)")
-            } else {
-                String::new()
+        Membership::Member {
+            root,
+            path,
+            added,
+            dev_profile,
+        } => {
+            println!(
+                "a member of the workspace at {}{}; it builds into that workspace's target directory",
+                root.display(),
+                if *added {
+                    format!(" (`{path}` added to `members` in its Cargo.toml)")
+                } else {
+                    String::new()
+                }
+            );
+            if !dev_profile {
+                println!(
+                    "tip: the workspace sets no `[profile.dev]`; for test builds about half the size and faster, add to {}:{LIGHT_PROFILE}",
+                    root.join("Cargo.toml").display()
+                );
             }
-        ),
+        }
         Membership::Excluded { root } => println!(
             "note: the workspace at {} excludes {dir}, so the crate is a workspace of its own",
             root.display()

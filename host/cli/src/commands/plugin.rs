@@ -1,4 +1,4 @@
-//! `cordis plugin`: install, list and remove plugin libraries.
+//! `cordis plugin`: install, list, upgrade and remove plugin libraries.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +27,15 @@ pub(crate) enum PluginCommand {
         /// `human` (a table) or `json`.
         #[arg(long, value_enum, default_value_t = Format::Human)]
         format: Format,
+    },
+    /// Rebuild and reinstall installed plugins from where `install` took them: every one
+    /// this cordis cannot load (built against an older SDK release), or the one named.
+    Upgrade {
+        /// The plugin to rebuild, even if it loads (as in cordis.yml; a scope is ignored).
+        name: Option<String>,
+        /// Upgrade the plugins installed here instead of the user plugin directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Remove a plugin from the user plugin directory.
     Remove {
@@ -64,6 +73,15 @@ pub(crate) fn plugin(host: &Host, cmd: PluginCommand) -> anyhow::Result<ExitCode
                 Format::Json => serde_json::to_string_pretty(&listed)? + "\n",
             };
             plugins::print(&text);
+        }
+        PluginCommand::Upgrade { name, dir } => {
+            let dir = plugin_dir(dir)?;
+            let upgraded = plugins::upgrade(name.as_deref(), &dir)?;
+            let (text, ok) = plugins::describe_upgrade(&upgraded, &dir);
+            plugins::print(&text);
+            if !ok {
+                return Ok(ExitCode::FAILURE);
+            }
         }
         PluginCommand::Remove { name, dir } => {
             let removed = plugins::remove(&name, &plugin_dir(dir)?, search)?;

@@ -12,8 +12,8 @@ mod workspace;
 
 pub use error::ScaffoldError;
 
-pub use templates::entry;
 use templates::{cargo_toml, cordis_yml, lib_rs, readme, test_rs, Names, SdkDeps};
+pub use templates::{entry, LIGHT_PROFILE};
 use workspace::{written_from, Place};
 
 /// Where this host's SDK sources were when it was built (the SDK is used by path).
@@ -72,6 +72,9 @@ pub enum Membership {
         path: String,
         /// Whether that path was added to `members` (else a path or glob covered it).
         added: bool,
+        /// Whether the workspace's root manifest sets `[profile.dev]` (else `cordis new`
+        /// suggests [`LIGHT_PROFILE`]).
+        dev_profile: bool,
     },
     /// The workspace at `root` excludes the crate's path: it is its own.
     Excluded {
@@ -306,10 +309,12 @@ pub fn scaffold(req: &NewPlugin) -> Result<Scaffolded, ScaffoldError> {
             root,
             path,
             manifest,
+            dev_profile,
         } => Membership::Member {
             root,
             path,
             added: manifest.is_some(),
+            dev_profile,
         },
     };
     Ok(Scaffolded {
@@ -422,7 +427,8 @@ mod tests {
         }
     }
 
-    /// A member crate has no `[workspace]`; path dependencies are written as given.
+    /// A member crate has no `[workspace]` and no profile (a member's would be ignored);
+    /// a crate alone has both. Path dependencies are written as given.
     #[test]
     fn a_member_crate_has_no_workspace_table() {
         let deps = SdkDeps::Path {
@@ -437,8 +443,16 @@ mod tests {
             "{member}"
         );
         assert!(member.ends_with("cordis-test = { path = \"../../test-support\" }\n"));
+        assert!(!member.contains("[profile"), "{member}");
         let alone = cargo_toml(&names, &deps, true);
-        assert!(alone.ends_with("\n\n# Not part of any enclosing workspace.\n[workspace]\n"));
+        assert!(alone.ends_with(&format!(
+            "\n\n# Not part of any enclosing workspace.\n[workspace]\n{LIGHT_PROFILE}"
+        )));
+        let parsed: toml_edit::DocumentMut = alone.parse().unwrap();
+        assert_eq!(
+            parsed["profile"]["dev"]["package"]["*"]["debug"].as_bool(),
+            Some(false)
+        );
     }
 
     /// With no SDK given and none where this host was built, the registry's crates are

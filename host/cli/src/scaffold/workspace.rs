@@ -23,6 +23,9 @@ pub(super) enum Place {
         /// The root manifest with the crate added to `members`, when they do not cover
         /// it yet.
         manifest: Option<String>,
+        /// Whether the root manifest has a `[profile.dev]` table (the one a member's
+        /// builds use).
+        dev_profile: bool,
     },
     /// The workspace at `root` excludes the crate's path: the crate is its own.
     Excluded {
@@ -70,6 +73,7 @@ pub(super) fn find(dir: &Path) -> Result<Place, ScaffoldError> {
                     .collect(),
             )
         };
+        let dev_profile = doc.get("profile").and_then(|p| p.get("dev")).is_some();
         let members = strings("members");
         let exclude = strings("exclude").unwrap_or_default();
         let path = member_path(root, dir);
@@ -82,6 +86,7 @@ pub(super) fn find(dir: &Path) -> Result<Place, ScaffoldError> {
                     root: root.to_path_buf(),
                     path,
                     manifest: None,
+                    dev_profile,
                 })
             }
             Coverage::Unlisted => {
@@ -90,6 +95,7 @@ pub(super) fn find(dir: &Path) -> Result<Place, ScaffoldError> {
                     root: root.to_path_buf(),
                     path,
                     manifest: Some(edited),
+                    dev_profile,
                 });
             }
         }
@@ -390,6 +396,7 @@ mod tests {
                 root,
                 path,
                 manifest,
+                ..
             } => (root, path, manifest),
             _ => panic!("{rel}: not a member"),
         };

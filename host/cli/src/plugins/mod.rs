@@ -1,5 +1,6 @@
-//! `cordis plugin install|list|remove`: the plugin libraries on the search path, and the
-//! directory `install` puts them in (the user plugin directory unless told otherwise).
+//! `cordis plugin install|list|remove|upgrade`: the plugin libraries on the search path,
+//! and the directory `install` puts them in (the user plugin directory unless told
+//! otherwise), with where each came from (`record`) so `upgrade` can rebuild it.
 //!
 //! A library is checked by loading it (the SDK version, the type layouts, the metadata)
 //! from a temporary file in the target directory *before* it takes its place there, and
@@ -18,6 +19,12 @@ use cordis_sdk::abi::TOOLS_FROM_CONFIG;
 
 use crate::cargo::{cargo_build_messages, cargo_metadata};
 
+mod record;
+mod upgrade;
+
+pub use record::{Record, Source};
+pub use upgrade::{describe as describe_upgrade, upgrade, Outcome, Upgraded};
+
 /// What `install` did.
 #[derive(Debug)]
 pub struct Installed {
@@ -27,15 +34,18 @@ pub struct Installed {
     pub library: Arc<Library>,
     /// The version it replaced, when the same plugin was installed there before.
     pub replaced: Option<String>,
+    /// Why its source could not be recorded (it is installed; `upgrade` cannot rebuild it).
+    pub unrecorded: Option<String>,
 }
 
 /// Installs `source` (a built library, or a plugin crate directory, which is built in
 /// release first) into `dir`.
 pub fn install(source: &Path, dir: &Path) -> anyhow::Result<Installed> {
-    let built = if source.is_dir() {
-        build_release(source)?
+    let absolute = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let (built, origin) = if source.is_dir() {
+        (build_release(source)?, Source::Crate(absolute(source)))
     } else if source.is_file() {
-        source.to_path_buf()
+        (source.to_path_buf(), Source::File(absolute(source)))
     } else {
         bail!(
             "{} is neither a plugin library nor a plugin crate directory (it does not exist)",
@@ -71,11 +81,21 @@ pub fn install(source: &Path, dir: &Path) -> anyhow::Result<Installed> {
         .with_context(|| format!("cannot set the mode of {}", temp.path().display()))?;
     temp.persist(&path)
         .with_context(|| format!("cannot put the library in place at {}", path.display()))?;
+    let recorded = record::write(
+        &path,
+        &Record {
+            plugin: name,
+            version: library.meta.version.clone(),
+            sdk: library.meta.sdk_version.clone(),
+            source: origin,
+        },
+    );
     sync_dir(dir);
     Ok(Installed {
         path,
         library,
         replaced: replaced.flatten(),
+        unrecorded: recorded.err().map(|e| format!("{e:#}")),
     })
 }
 
@@ -191,6 +211,7 @@ pub fn remove(name: &str, dir: &Path, search: &SearchPath) -> anyhow::Result<Rem
         }
     }
     std::fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+    record::remove(&path)?;
     sync_dir(dir);
     Ok(Removed {
         still_found: search.find(name).ok(),
@@ -215,6 +236,12 @@ pub struct Listed {
     /// The file found first for the same name, which hides this one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadowed_by: Option<PathBuf>,
+    /// Where `cordis plugin install` took it from, when it recorded that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub installed_from: Option<Source>,
+    /// For a file that does not load: how to make it load again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 /// What a loadable library declares.
@@ -264,16 +291,60 @@ pub fn list(search: &SearchPath) -> Vec<Listed> {
                 ),
                 Err(e) => (None, Some(e.to_string())),
             };
+            let recorded = record::read(&file);
+            let installed_from = match &recorded {
+                Some(Ok(r)) => Some(r.source.clone()),
+                _ => None,
+            };
+            let fix = error.is_some().then(|| fix_for(&file, recorded));
             out.push(Listed {
                 file,
                 source,
                 plugin,
                 error,
                 shadowed_by,
+                installed_from,
+                fix,
             });
         }
     }
     out
+}
+
+/// How to make the library `file`, which does not load, load again, given its record.
+fn fix_for(file: &Path, recorded: Option<Result<Record, String>>) -> String {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    match recorded {
+        Some(Ok(Record {
+            plugin,
+            source: Source::Crate(krate),
+            ..
+        })) => format!(
+            "`cordis plugin upgrade {plugin}{}` rebuilds it from the crate at {}",
+            dir_flag(dir),
+            krate.display()
+        ),
+        Some(Ok(Record {
+            plugin,
+            source: Source::File(from),
+            ..
+        })) => format!(
+            "it was installed from the file {}: rebuild that against this cordis's SDK, then `cordis plugin upgrade {plugin}{}`",
+            from.display(),
+            dir_flag(dir)
+        ),
+        Some(Err(why)) => format!("{why}; reinstall it from its source with `cordis plugin install`"),
+        None => "no source was recorded for it: reinstall it from its crate with `cordis plugin install DIR`, or remove it".to_string(),
+    }
+}
+
+/// ` --dir DIR` unless `dir` is the user plugin directory.
+fn dir_flag(dir: &Path) -> String {
+    let user = cordis_engine::user_plugin_dir(|name| std::env::var_os(name));
+    match user {
+        Some(user) if same_file(&user, dir) => String::new(),
+        _ => format!(" --dir {}", dir.display()),
+    }
 }
 
 /// The listing as a table: one plugin per line, the search path above it.
@@ -344,6 +415,25 @@ pub fn render_list(search: &SearchPath, listed: &[Listed]) -> String {
         }
         let _ = writeln!(out, "{}", row[5]);
     }
+    let broken: Vec<&Listed> = listed.iter().filter(|l| l.fix.is_some()).collect();
+    if !broken.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{} plugin librar{} this cordis (cordis-sdk {}) cannot load:",
+            broken.len(),
+            if broken.len() == 1 { "y" } else { "ies" },
+            cordis_engine::sdk_version()
+        );
+        for l in broken {
+            let _ = writeln!(
+                out,
+                "  {}: {}\n    fix: {}",
+                l.file.display(),
+                l.error.as_deref().unwrap_or("does not load"),
+                l.fix.as_deref().unwrap_or_default()
+            );
+        }
+    }
     out
 }
 
@@ -363,6 +453,12 @@ pub fn describe_install(installed: &Installed, search: &SearchPath) -> String {
         let _ = write!(out, ", replacing {old}");
     }
     out.push('\n');
+    if let Some(why) = &installed.unrecorded {
+        let _ = writeln!(
+            out,
+            "warning: where it came from could not be recorded ({why}); `cordis plugin upgrade` cannot rebuild it"
+        );
+    }
     let all = search.find_all(&meta.name);
     let at = all.iter().position(|p| same_file(p, &installed.path));
     match (at, all.first()) {
