@@ -80,6 +80,7 @@ fuzz_target!(|data: &[u8]| {
         pos: Pos { line: 1, col: 1 },
         config_node: Some(node),
         disabled: false,
+        isolate: None,
     };
     for d in validate_config(&entry, schema) {
         let text = d.render(Path::new("config.yml"), Some(text));

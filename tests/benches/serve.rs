@@ -301,17 +301,109 @@ fn cargo_build_reload() {
     }
 }
 
-/// `cargo bench -p cordis-e2e --bench serve [-- read|reload|cargo ...]`: the named parts,
-/// or all of them.
+/// What isolation (`isolate: process`) adds: a trivial service method (the example's
+/// greeter) through the registry in-process against the same entry isolated, and the MCP
+/// `read` round trip with `dsh-fs-sandbox` and `dsh-tool-fs` isolated against the bundled
+/// composition in-process, measured in the same run.
+fn isolation_overhead() {
+    use cordis_example_api::{Greeter, GreeterClient};
+    let greets = |isolate: bool| -> Vec<f64> {
+        let s = Scratch::new();
+        s.manifest(if isolate {
+            "- name: cordis-example\n  isolate: process\n"
+        } else {
+            "- name: cordis-example\n"
+        });
+        let rt = if isolate {
+            s.runtime_isolated()
+        } else {
+            s.runtime()
+        };
+        let times = rt
+            .with_service::<GreeterClient, _>("greeter", |greeter| {
+                let mut times = Vec::with_capacity(CALLS);
+                for _ in 0..CALLS {
+                    let t = Instant::now();
+                    let text = greeter.greet(std::hint::black_box("Ada".into()))?;
+                    times.push(t.elapsed().as_nanos() as f64);
+                    assert_eq!(text, "hello, Ada");
+                }
+                Ok(times)
+            })
+            .expect("greet");
+        rt.shutdown();
+        times
+    };
+    let (in_p50, in_p99) = summarize(greets(false));
+    let (iso_p50, iso_p99) = summarize(greets(true));
+    println!("a trivial service method (greeter.greet), {CALLS} calls each:");
+    println!(
+        "  in-process                 p50 {:>10}  p99 {:>10}",
+        human(in_p50),
+        human(in_p99)
+    );
+    println!(
+        "  isolated                   p50 {:>10}  p99 {:>10}  (adds {} at p50)",
+        human(iso_p50),
+        human(iso_p99),
+        human(iso_p50 - in_p50)
+    );
+
+    let reads = |isolate: bool| -> Vec<f64> {
+        let s = Scratch::with_bundled_manifest();
+        if isolate {
+            let manifest = std::fs::read_to_string(s.path().join("cordis.yml")).unwrap();
+            let isolated = manifest
+                .replace(
+                    "- name: '@deepseek-ai/dsh-fs-sandbox'\n",
+                    "- name: '@deepseek-ai/dsh-fs-sandbox'\n  isolate: process\n",
+                )
+                .replace(
+                    "- name: '@deepseek-ai/dsh-tool-fs'\n",
+                    "- name: '@deepseek-ai/dsh-tool-fs'\n  isolate: process\n",
+                );
+            assert_eq!(
+                isolated.matches("isolate: process").count(),
+                2,
+                "{isolated}"
+            );
+            s.manifest(&isolated);
+        }
+        s.write("data.txt", &"0123456789abcdef".repeat(256));
+        let mut mcp = StdioClient::start(&s);
+        let times = mcp.time_calls(CALLS, "read", &serde_json::json!({ "path": "data.txt" }));
+        mcp.finish();
+        times
+    };
+    let (in_p50, in_p99) = summarize(reads(false));
+    let (iso_p50, iso_p99) = summarize(reads(true));
+    println!("MCP read of a 4 KiB file, {CALLS} calls each:");
+    println!(
+        "  in-process                 p50 {:>10}  p99 {:>10}",
+        human(in_p50),
+        human(in_p99)
+    );
+    println!(
+        "  fs + tool-fs isolated      p50 {:>10}  p99 {:>10}  (adds {} at p50, ratio {:.2})",
+        human(iso_p50),
+        human(iso_p99),
+        human(iso_p50 - in_p50),
+        iso_p50 / in_p50
+    );
+}
+
+/// `cargo bench -p cordis-e2e --bench serve [-- read|reload|cargo|isolated ...]`: the named
+/// parts, or all of them.
 fn main() {
     let wanted: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let parts: [(&str, fn()); 3] = [
+    let parts: [(&str, fn()); 4] = [
         ("read", read_round_trips),
         ("reload", reload_latency),
         ("cargo", cargo_build_reload),
+        ("isolated", isolation_overhead),
     ];
     for (name, part) in parts {
         if wanted.is_empty() || wanted.iter().any(|w| w == name) {

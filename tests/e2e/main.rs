@@ -9,6 +9,7 @@ mod fs;
 mod harness;
 mod host;
 mod install;
+mod isolate;
 mod mcp;
 mod protect;
 mod reload;

@@ -363,6 +363,16 @@ impl Scratch {
     /// Starts `cordis.yml` as a reloadable [`Runtime`] (libraries loaded from private copies
     /// under `state/run`), searching `plugins/` in this directory before the build output.
     pub fn runtime(&self) -> std::sync::Arc<Runtime> {
+        self.runtime_with(|_| {})
+    }
+
+    /// [`Scratch::runtime`], with `isolate: process` entries in processes of their own
+    /// (the `cordis` binary re-executed, as `cordis run` does it).
+    pub fn runtime_isolated(&self) -> std::sync::Arc<Runtime> {
+        self.runtime_with(|host| host.isolate_with(cordis_bin()))
+    }
+
+    fn runtime_with(&self, adjust: impl FnOnce(&mut Host)) -> std::sync::Arc<Runtime> {
         build_workspace();
         let mut host = Host::new(
             &self.path().join("cordis.yml"),
@@ -371,6 +381,7 @@ impl Scratch {
             false,
         );
         host.copy_libraries(cordis_engine::Copies::new(self.state_dir().join("run")));
+        adjust(&mut host);
         Runtime::start(host).unwrap_or_else(|e| panic!("start failed: {e:#}"))
     }
 }

@@ -97,6 +97,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).as_deref() == Some(cordis_engine::ISOLATED_CHILD_ARG.as_ref()) {
+        // An isolated entry's process, started by a host (hidden; see `isolate:`).
+        cordis_engine::isolated_child_main();
+    }
     let cli = Cli::parse();
     // `cordis run` logs what cordis and its plugins do at INFO; other libraries only warn
     // (their INFO lines, e.g. the file watcher's, are noise to an operator). `RUST_LOG`
@@ -148,6 +152,15 @@ fn main() -> ExitCode {
     } else {
         Host::new(&cli.manifest, &cli.plugin_path, &state_dir, cli.verbose)
     };
+    let mut host = host;
+    // An isolated entry runs in this very binary, re-executed (even if it was replaced on
+    // disk since it started).
+    let exe = PathBuf::from("/proc/self/exe");
+    match (exe.exists(), std::env::current_exe()) {
+        (true, _) => host.isolate_with(exe),
+        (false, Ok(exe)) => host.isolate_with(exe),
+        (false, Err(_)) => {}
+    }
     let outcome = match cli.command {
         Command::Check {
             explain: Some(code),

@@ -1,5 +1,5 @@
-//! Error codes the registry produces while an entry is applied (the `code` of a
-//! [`cordis_sdk::Error`]). The SDK's own codes are [`cordis_sdk::codes`], those of the host
+//! Error codes the registry produces while an entry is applied or an isolated entry is
+//! called (the `code` of a [`cordis_sdk::Error`]). The SDK's own codes are [`cordis_sdk::codes`], those of the host
 //! services [`cordis_sdk::host::codes`].
 
 cordis_sdk::error_codes! {
@@ -9,6 +9,18 @@ cordis_sdk::error_codes! {
     DUPLICATE_SERVICE;
     /// A plugin registered a tool whose name another entry has already registered.
     DUPLICATE_TOOL;
+    /// An isolated entry's process died during the call (the signal or exit status is
+    /// named); the call did not complete and the entry restarts on its own.
+    PLUGIN_CRASHED;
+    /// An isolated entry did not answer within its `callTimeout`; its process was killed
+    /// and the entry restarts on its own.
+    PLUGIN_TIMEOUT;
+    /// An isolated entry failed to start again several times in a row and is left stopped
+    /// until its library or config changes.
+    PLUGIN_STOPPED;
+    /// A call to an isolated entry was cancelled and the entry did not stop within the
+    /// grace period; its process was killed and restarts.
+    PLUGIN_CANCELLED;
 }
 
 /// A diagnostic and a runtime code that name one problem: `cordis check` finds it in

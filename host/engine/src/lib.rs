@@ -11,6 +11,7 @@ mod approval;
 pub mod codes;
 mod diag;
 mod host_services;
+mod isolate;
 mod loader;
 mod manifest;
 mod plan;
@@ -31,13 +32,17 @@ pub use crate::diag::{
     code as diagnostic_code, hostile, Code, Diagnostic, Diagnostics, Pos, Severity, CODES,
 };
 pub use crate::host_services::HostServices;
+pub use crate::isolate::{
+    child_main as isolated_child_main, Isolation, IsolationStatus, CHILD_ARG as ISOLATED_CHILD_ARG,
+    DEFAULT_CALL_TIMEOUT,
+};
 pub use crate::loader::{
     library_file_name, sdk_version, user_plugin_dir, Copies, Library, LoadError, Meta, SearchPath,
     ServiceSpec,
 };
 pub use crate::manifest::{
-    closest, parse as parse_manifest, parse_yaml, plugin_name, Entry, Manifest, Node,
-    Value as YamlValue,
+    closest, parse as parse_manifest, parse_duration, parse_yaml, plugin_name, Entry, Manifest,
+    Node, Value as YamlValue,
 };
 pub use crate::plan::{Plan, Planned, Provider};
 pub use crate::registry::{ApplyError, Registry, ServiceSlot, ToolSlot, UnknownTool};
@@ -61,6 +66,8 @@ pub struct Host {
     services: HostServices,
     /// Services the host provides in place of its own or a plugin's (`cordis-test`).
     stand_ins: Vec<(ServiceSpec, ServiceBox)>,
+    /// The `cordis` binary isolated entries run in (none: every entry in-process).
+    isolation_exe: Option<PathBuf>,
 }
 
 impl Host {
@@ -79,7 +86,14 @@ impl Host {
             },
             services,
             stand_ins: Vec::new(),
+            isolation_exe: None,
         }
+    }
+
+    /// Runs every entry marked `isolate: process` in a process of its own: `exe` (the
+    /// `cordis` binary) re-executed. Without it every entry runs in-process.
+    pub fn isolate_with(&mut self, exe: PathBuf) {
+        self.isolation_exe = Some(exe);
     }
 
     /// Provides `service` as `spec.name` from the host itself, like `sessions` or
@@ -149,6 +163,9 @@ impl Host {
         services.retain(|(s, _)| !self.stand_ins.iter().any(|(t, _)| t.name == s.name));
         services.extend(self.stand_ins.iter().cloned());
         let mut registry = Registry::with_host_services(services);
+        if let Some(exe) = &self.isolation_exe {
+            registry.isolate_with(exe.clone());
+        }
         registry.apply_plan(plan)?;
         Ok(registry)
     }

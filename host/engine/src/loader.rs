@@ -447,6 +447,13 @@ impl fmt::Display for LoadError {
 }
 
 impl Library {
+    /// The file the dynamic loader opened: the private copy when there is one.
+    pub fn loaded_file(&self) -> &Path {
+        self.copy.as_deref().unwrap_or(&self.path)
+    }
+}
+
+impl Library {
     /// Loads `path` and reads its metadata.
     pub fn load(path: &Path) -> Result<Arc<Library>, LoadError> {
         Self::load_with(path, None)

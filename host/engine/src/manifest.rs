@@ -310,6 +310,8 @@ pub struct Entry {
     pub config_node: Option<Node>,
     /// Disabled by itself or by a group.
     pub disabled: bool,
+    /// `isolate: process`: applied in a process of its own (`callTimeout` inside).
+    pub isolate: Option<crate::isolate::Isolation>,
     /// Where the entry starts.
     pub pos: Pos,
 }
@@ -328,7 +330,16 @@ impl Manifest {
     }
 }
 
-const ENTRY_KEYS: &[&str] = &["name", "id", "config", "disabled", "group", "path"];
+const ENTRY_KEYS: &[&str] = &[
+    "name",
+    "id",
+    "config",
+    "disabled",
+    "group",
+    "path",
+    "isolate",
+    "callTimeout",
+];
 
 /// Strips an npm-style scope: `@deepseek-ai/dsh-fs-sandbox` → `dsh-fs-sandbox`.
 pub fn plugin_name(raw: &str) -> &str {
@@ -451,6 +462,7 @@ fn collect_entries(
         let id = str_field("id", diags);
         let name = str_field("name", diags);
         let path = str_field("path", diags).map(PathBuf::from);
+        let isolate = isolation(field("isolate"), field("callTimeout"), diags);
         let config = field("config");
         if is_group {
             match config.map(|c| &c.value) {
@@ -513,9 +525,108 @@ fn collect_entries(
             config: config_json,
             config_node: config.cloned(),
             disabled,
+            isolate,
             pos: item.pos,
         });
     }
+}
+
+/// `30s`, `15m`, `2h`, `7d`: a whole number and a unit.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || {
+        format!("`{text}` is not a duration: write a whole number and a unit, s, m, h or d (e.g. 30m, 7d)")
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(bad)
+}
+
+/// An entry's `isolate` and `callTimeout`: `isolate: process` (the only isolation there
+/// is) and a positive duration; `callTimeout` without `isolate` is a mistake.
+fn isolation(
+    isolate: Option<&Node>,
+    timeout: Option<&Node>,
+    diags: &mut Vec<Diagnostic>,
+) -> Option<crate::isolate::Isolation> {
+    let wanted = match isolate.map(|n| (n, &n.value)) {
+        None => false,
+        Some((_, Value::Str(s))) if s == "process" => true,
+        Some((_, Value::Str(s))) if s == "none" => false,
+        Some((n, _)) => {
+            diags.push(
+                Diagnostic::new(
+                    diag::ENTRY_TYPE,
+                    match &n.value {
+                        Value::Str(s) => {
+                            format!("`isolate` must be `process` or `none`, found `{s}`")
+                        }
+                        _ => format!(
+                            "`isolate` must be `process` or `none`, found {}",
+                            n.type_name()
+                        ),
+                    },
+                )
+                .at(n.pos)
+                .help("write `isolate: process` to run the entry in a process of its own"),
+            );
+            return None;
+        }
+    };
+    let mut isolation = crate::isolate::Isolation::default();
+    if let Some(n) = timeout {
+        if !wanted {
+            diags.push(
+                Diagnostic::new(
+                    diag::ENTRY_TYPE,
+                    "`callTimeout` applies only to an entry with `isolate: process`",
+                )
+                .at(n.pos)
+                .help("add `isolate: process`, or remove `callTimeout` (an in-process call cannot be stopped)"),
+            );
+            return None;
+        }
+        let parsed = match &n.value {
+            Value::Str(s) => parse_duration(s),
+            _ => Err(format!(
+                "`callTimeout` must be a duration such as `30s` or `15m`, found {}",
+                n.type_name()
+            )),
+        };
+        match parsed {
+            Ok(d) if !d.is_zero() => isolation.call_timeout = d,
+            Ok(_) => {
+                diags.push(
+                    Diagnostic::new(diag::ENTRY_TYPE, "`callTimeout` must be longer than zero")
+                        .at(n.pos)
+                        .help("write e.g. `callTimeout: 30s`"),
+                );
+                return None;
+            }
+            Err(why) => {
+                diags.push(
+                    Diagnostic::new(diag::ENTRY_TYPE, why)
+                        .at(n.pos)
+                        .help("write e.g. `callTimeout: 30s`"),
+                );
+                return None;
+            }
+        }
+    }
+    wanted.then_some(isolation)
 }
 
 /// A config node as JSON, with `${VAR}` / `${VAR:-default}` interpolated in string values

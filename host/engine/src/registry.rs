@@ -206,6 +206,8 @@ pub(crate) struct Applied {
     /// The planned entry it came from.
     pub planned: Planned,
     instance: Option<InstanceBox>,
+    /// Its process, when it is isolated.
+    isolated: Option<Arc<crate::isolate::Isolated>>,
 }
 
 /// Services and tools of an applied composition.
@@ -219,6 +221,9 @@ pub struct Registry {
     pub missing_optional: Vec<(String, String)>,
     applied: Vec<Applied>,
     tool_extras: Arc<ToolExtrasStore>,
+    /// The `cordis` binary an isolated entry's process runs; without it (`cordis-test`,
+    /// the benchmarks) every entry runs in-process.
+    isolation_exe: Option<std::path::PathBuf>,
 }
 
 /// An entry failed to apply; everything applied before it was disposed.
@@ -274,6 +279,21 @@ impl Registry {
         reg
     }
 
+    /// Runs every entry marked `isolate: process` in a process of its own, running `exe`
+    /// (the `cordis` binary).
+    pub fn isolate_with(&mut self, exe: std::path::PathBuf) {
+        self.isolation_exe = Some(exe);
+    }
+
+    /// How isolated entry `id` is doing; `None` for an entry applied in-process.
+    pub fn isolation(&self, id: &str) -> Option<crate::isolate::IsolationStatus> {
+        self.applied
+            .iter()
+            .find(|a| a.id == id)
+            .and_then(|a| a.isolated.as_ref())
+            .map(|i| i.status())
+    }
+
     /// Applies every entry of `plan` in order. On failure, disposes what was applied.
     pub(crate) fn apply_plan(&mut self, plan: &Plan) -> Result<(), ApplyError> {
         for planned in &plan.entries {
@@ -303,10 +323,31 @@ impl Registry {
             tools: Vec::new(),
         };
         let config = entry.config.to_string();
-        let outcome = (planned.library.module().apply())(
-            HostCtxObj_TO::from_ptr(&mut ctx, TD_Opaque),
-            RStr::from(config.as_str()),
-        );
+        let mut isolated = None;
+        let outcome = match (&entry.isolate, ctx.registry.isolation_exe.clone()) {
+            (Some(isolation), Some(exe)) => {
+                let mut host = HostCtxObj_TO::from_ptr(&mut ctx, TD_Opaque);
+                match crate::isolate::apply(&mut host, planned, &exe, isolation) {
+                    Ok((instance, process)) => {
+                        isolated = Some(process);
+                        RResult::ROk(instance)
+                    }
+                    Err(e) => RResult::RErr(e.into()),
+                }
+            }
+            (isolate, _) => {
+                if isolate.is_some() {
+                    tracing::warn!(
+                        "entry `{}` asks for `isolate: process`; isolation belongs to the `cordis` binary, so here it runs in-process",
+                        entry.id
+                    );
+                }
+                (planned.library.module().apply())(
+                    HostCtxObj_TO::from_ptr(&mut ctx, TD_Opaque),
+                    RStr::from(config.as_str()),
+                )
+            }
+        };
         let (provided, tools) = (ctx.provided, ctx.tools);
         let undo = |reg: &mut Registry| {
             for s in &provided {
@@ -344,6 +385,7 @@ impl Registry {
             id: entry.id.clone(),
             planned: planned.clone(),
             instance: Some(instance),
+            isolated,
         });
         Ok(())
     }
@@ -569,7 +611,7 @@ struct PluginLogger {
     plugin: Arc<str>,
 }
 
-fn plugin_logger(entry: &str, plugin: &str) -> LoggerBox {
+pub(crate) fn plugin_logger(entry: &str, plugin: &str) -> LoggerBox {
     LoggerObj_TO::from_ptr(
         RArc::new(PluginLogger {
             entry: entry.into(),

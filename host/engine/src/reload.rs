@@ -20,6 +20,8 @@ pub(crate) struct Shape<P> {
     pub library: usize,
     /// The entry's config.
     pub config: serde_json::Value,
+    /// How it is isolated (a change restarts it, like a new library).
+    pub isolate: Option<crate::isolate::Isolation>,
     /// The entries whose services it injects.
     pub providers: BTreeSet<String>,
     /// What applies it.
@@ -34,6 +36,7 @@ pub(crate) fn shape(plan: &Plan) -> Vec<Shape<Planned>> {
             id: p.entry.id.clone(),
             library: Arc::as_ptr(&p.library) as usize,
             config: p.entry.config.clone(),
+            isolate: p.entry.isolate.clone(),
             providers: p
                 .library
                 .meta
@@ -56,7 +59,7 @@ pub(crate) struct Diff {
     pub added: Vec<String>,
     /// Entries only in the old plan, sorted.
     pub removed: Vec<String>,
-    /// Entries on a new library: restarted.
+    /// Entries on a new library, or isolated differently: restarted.
     pub new_library: BTreeSet<String>,
     /// Entries on the same library with a new config, in the new plan's order (providers
     /// first): offered in place.
@@ -70,7 +73,7 @@ impl Diff {
         for n in new {
             match find(old, &n.id) {
                 None => diff.added.push(n.id.clone()),
-                Some(o) if o.library != n.library => {
+                Some(o) if o.library != n.library || o.isolate != n.isolate => {
                     diff.new_library.insert(n.id.clone());
                 }
                 Some(o) if o.config != n.config => diff.new_config.push(n.id.clone()),
@@ -373,6 +376,7 @@ mod tests {
             id: id.into(),
             library,
             config,
+            isolate: None,
             providers: providers.iter().map(|p| p.to_string()).collect(),
             planned: (),
         }
@@ -514,6 +518,7 @@ mod tests {
                 id: s.id,
                 library: s.library,
                 config: s.config,
+                isolate: s.isolate,
                 providers: s.providers,
             })
             .collect()

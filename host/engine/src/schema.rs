@@ -406,7 +406,9 @@ pub(crate) fn manifest_schema(plugins: &[Meta]) -> Value {
                 "config": { "description": "The plugin's config (for a group: the list of child entries)." },
                 "disabled": { "type": "boolean", "description": "Listed but not loaded (a disabled group disables its children)." },
                 "group": { "type": "boolean", "description": "This entry is a group; `config` is its list of child entries." },
-                "path": { "type": "string", "description": "An explicit library file, relative to cordis.yml." }
+                "path": { "type": "string", "description": "An explicit library file, relative to cordis.yml." },
+                "isolate": { "enum": ["process", "none"], "description": "`process`: the entry runs in a process of its own, so its crash or hang costs only its own calls (default `none`: in the host's process)." },
+                "callTimeout": { "type": "string", "pattern": "^[0-9]+[smhd]$", "description": "For an isolated entry: the longest one call may take before its process is killed and restarted, e.g. `30s`, `15m` (default 15m)." }
             },
             "additionalProperties": false,
             "allOf": all_of

@@ -58,7 +58,9 @@
 //! the tool's input schema, and entries are applied and disposed by the host's registry.
 //! The host's own `sessions`, `approval` and `composition` services are present (approval
 //! requests are answered "unavailable" unless [`PluginUnderTest::approve`] or
-//! [`Composition::approve`] says otherwise).
+//! [`Composition::approve`] says otherwise). Every entry runs in the test's process:
+//! isolation (`isolate: process` in `cordis.yml`) belongs to the `cordis` binary, so a
+//! plugin that aborts here ends the test, as it would end a host running it in-process.
 
 #![deny(missing_docs)]
 

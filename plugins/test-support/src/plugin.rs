@@ -169,6 +169,7 @@ impl PluginUnderTest {
             config: self.config.clone(),
             config_node: None,
             disabled: false,
+            isolate: None,
             pos: Pos { line: 1, col: 1 },
         }
     }

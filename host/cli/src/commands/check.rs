@@ -66,6 +66,13 @@ pub(crate) fn describe_plan(plan: &Plan) -> String {
             p.entry.pos.line
         );
         let _ = writeln!(out, "       file     {}", p.library.path.display());
+        if let Some(isolation) = &p.entry.isolate {
+            let _ = writeln!(
+                out,
+                "       isolated in its own process (callTimeout {}s)",
+                isolation.call_timeout.as_secs()
+            );
+        }
         for s in &m.provides {
             let _ = writeln!(
                 out,

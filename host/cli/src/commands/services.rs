@@ -32,7 +32,18 @@ pub(crate) fn describe_registry(registry: &Registry) -> String {
     for (name, s) in &registry.services {
         let who = match (&s.provider, &s.plugin) {
             (Provider::Host, _) => "host".to_string(),
-            (Provider::Entry(id), Some(plugin)) => format!("entry {id} (plugin {plugin})"),
+            (Provider::Entry(id), Some(plugin)) => match registry.isolation(id) {
+                Some(st) => format!(
+                    "entry {id} (plugin {plugin}, isolated: {}, restarts {}{})",
+                    st.pid
+                        .map_or_else(|| "no process now".to_string(), |p| format!("pid {p}")),
+                    st.restarts,
+                    st.last_exit
+                        .map(|e| format!(", last process {e}"))
+                        .unwrap_or_default()
+                ),
+                None => format!("entry {id} (plugin {plugin})"),
+            },
             (Provider::Entry(id), None) => format!("entry {id}"),
         };
         let consumers = if s.consumers.is_empty() {

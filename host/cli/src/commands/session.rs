@@ -39,30 +39,9 @@ pub(crate) enum SessionCommand {
     Prune {
         /// Remove only those unchanged for this long: a number and a unit, `s`, `m`, `h`
         /// or `d` (e.g. `30m`, `7d`; `0s` for all of them).
-        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = cordis_engine::parse_duration)]
         older_than: std::time::Duration,
     },
-}
-
-/// `30s`, `15m`, `2h`, `7d`: a whole number and a unit.
-pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("`{text}` is not a duration: write a whole number and a unit, s, m, h or d (e.g. 30m, 7d)")),
-    };
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
-        .map(std::time::Duration::from_secs)
-        .ok_or_else(|| format!("`{text}` is not a duration: write a whole number and a unit, s, m, h or d (e.g. 30m, 7d)"))
 }
 
 /// Applies the composition as a server started in `session`'s root would: the policy's

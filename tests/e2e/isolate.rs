@@ -1,0 +1,333 @@
+//! Isolated entries (`isolate: process`): a plugin that aborts, segfaults, exits or hangs
+//! costs only its own calls — the host (here the test process itself, driving the real
+//! `Runtime` with the `cordis` binary as the isolated processes) keeps serving every other
+//! entry and session, the entry restarts on its own, and a consumer of its service
+//! recovers; the same plugin in-process takes the whole host down.
+
+use std::os::fd::AsRawFd as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cordis_e2e::{eventually, Scratch};
+use cordis_engine::Runtime;
+use cordis_sdk::{CallContext, SessionInfo, ToolResult};
+use serde_json::{json, Value};
+
+/// The crashing fixture isolated (a short `callTimeout`), a consumer of its `greeter`
+/// in-process, and the bundled confined shell with its policy owner.
+fn compose(s: &Scratch, timeout: &str) -> Arc<Runtime> {
+    s.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+         - name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n\
+         - name: fixture-crashy\n  isolate: process\n  callTimeout: {timeout}\n\
+         - name: fixture-greeter-consumer\n"
+    ));
+    // Searched first, so protected; a command could create it if it were absent.
+    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+    s.runtime_isolated()
+}
+
+fn call_in(rt: &Runtime, session: &SessionInfo, tool: &str, args: Value) -> ToolResult {
+    call_with(rt, session, tool, args, None)
+}
+
+fn call_with(
+    rt: &Runtime,
+    session: &SessionInfo,
+    tool: &str,
+    args: Value,
+    cancel_fd: Option<i32>,
+) -> ToolResult {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    rt.call_tool(
+        tool,
+        &CallContext {
+            session: session.clone(),
+            call_id: format!("isolate-{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+            cancel_fd,
+            progress_fd: None,
+        },
+        &args,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The pid serving the fixture, once it serves again.
+fn serving_pid(rt: &Runtime, session: &SessionInfo) -> u32 {
+    eventually("the isolated entry serves", Duration::from_secs(20), || {
+        let r = call_in(rt, session, "pid", json!({}));
+        if r.is_error {
+            return Err(r.text);
+        }
+        r.text
+            .parse::<u32>()
+            .map_err(|e| format!("{e}: {}", r.text))
+    })
+}
+
+#[test]
+fn a_crashing_isolated_entry_costs_only_its_own_calls_and_restarts() {
+    let s = Scratch::new();
+    let rt = compose(&s, "30s");
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let other = rt.sessions().create(&s.path()).expect("another session");
+    let first = serving_pid(&rt, &session);
+    assert_ne!(
+        first,
+        std::process::id(),
+        "the entry runs in a process of its own"
+    );
+    assert!(
+        call_in(&rt, &session, "greet-via-service", json!({"name": "Ada"}))
+            .text
+            .starts_with(&format!("crashy greets Ada from {first}"))
+    );
+
+    for (how, exit) in [
+        ("abort", "was killed by signal 6 (SIGABRT)"),
+        ("segv", "was killed by signal 11 (SIGSEGV)"),
+        ("exit", "exited with status 3"),
+    ] {
+        let before = serving_pid(&rt, &session);
+        // Another session's command runs across the crash.
+        let shell = {
+            let (rt, other) = (rt.clone(), other.clone());
+            std::thread::spawn(move || {
+                call_in(
+                    &rt,
+                    &other,
+                    "bash",
+                    json!({"command": "sleep 1; echo survived"}),
+                )
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let crashed = call_in(&rt, &session, "crash", json!({ "how": how }));
+        assert!(crashed.is_error, "{how}: {}", crashed.text);
+        assert!(
+            crashed.text.contains("isolated entry `fixture-crashy`")
+                && crashed.text.contains(exit)
+                && crashed.text.contains("[PLUGIN_CRASHED]"),
+            "{how}: {}",
+            crashed.text
+        );
+        let bash = shell.join().expect("the shell call");
+        assert!(
+            !bash.is_error && bash.text.contains("survived"),
+            "{}",
+            bash.text
+        );
+        let after = serving_pid(&rt, &session);
+        assert_ne!(after, before, "{how}: a new process serves the entry");
+        // The consumer of its service recovers without being restarted.
+        let greeted = call_in(&rt, &other, "greet-via-service", json!({"name": "Grace"}));
+        assert_eq!(greeted.text, format!("crashy greets Grace from {after}"));
+    }
+
+    // A crash inside a service call reaches the consumer as an error, then it recovers.
+    let through = call_in(&rt, &session, "greet-via-service", json!({"name": "abort"}));
+    assert!(
+        through.is_error
+            && through.text.contains("[PLUGIN_CRASHED]")
+            && through.text.contains("SIGABRT"),
+        "{}",
+        through.text
+    );
+    let pid = serving_pid(&rt, &session);
+    assert_eq!(
+        call_in(&rt, &session, "greet-via-service", json!({"name": "Ada"})).text,
+        format!("crashy greets Ada from {pid}")
+    );
+    let status = rt
+        .inspect(|c| c.registry().isolation("fixture-crashy"))
+        .expect("isolated");
+    assert_eq!(status.pid, Some(pid));
+    assert_eq!(status.restarts, 4);
+    assert_eq!(
+        status.last_exit.as_deref(),
+        Some("was killed by signal 6 (SIGABRT)")
+    );
+    rt.shutdown();
+}
+
+#[test]
+fn a_hung_isolated_call_times_out_and_a_cancelled_one_is_stopped() {
+    let s = Scratch::new();
+    let rt = compose(&s, "4s");
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let first = serving_pid(&rt, &session);
+
+    let started = Instant::now();
+    let hung = call_in(&rt, &session, "crash", json!({"how": "spin"}));
+    let took = started.elapsed();
+    assert!(
+        hung.is_error
+            && hung
+                .text
+                .contains("did not answer a call of tool `crash` within its callTimeout (4 s)")
+            && hung.text.contains("[PLUGIN_TIMEOUT]"),
+        "{}",
+        hung.text
+    );
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(12),
+        "{took:?}"
+    );
+    let second = serving_pid(&rt, &session);
+    assert_ne!(second, first);
+
+    // Cancelled (the call's cancel descriptor reaches end of file) and still sleeping:
+    // its process is killed after the grace period (2 s), before the call timeout.
+    let (read, write) = std::io::pipe().expect("pipe");
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(write);
+    });
+    let started = Instant::now();
+    let cancelled = call_with(
+        &rt,
+        &session,
+        "sleep",
+        json!({"ms": 600_000}),
+        Some(read.as_raw_fd()),
+    );
+    canceller.join().unwrap();
+    assert!(
+        cancelled.is_error && cancelled.text.contains("[PLUGIN_CANCELLED]"),
+        "{}",
+        cancelled.text
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    drop(read);
+    assert_ne!(serving_pid(&rt, &session), second);
+    rt.shutdown();
+}
+
+/// Editing the isolated entry's `callTimeout` restarts it on a new process; calls running
+/// on the old one finish there, and no call fails.
+#[test]
+fn reloading_an_isolated_entry_under_concurrent_calls_fails_no_call() {
+    let s = Scratch::new();
+    let rt = compose(&s, "30s");
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let first = serving_pid(&rt, &session);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..3)
+        .map(|_| {
+            let (rt, session, stop) = (rt.clone(), session.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut calls = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = call_in(&rt, &session, "sleep", json!({"ms": 30}));
+                    assert!(!r.is_error, "a call failed across the reload: {}", r.text);
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let manifest = std::fs::read_to_string(s.path().join("cordis.yml")).unwrap();
+    s.manifest(&manifest.replace("callTimeout: 30s", "callTimeout: 40s"));
+    let report = rt.reload().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        report
+            .restarted
+            .iter()
+            .any(|(id, _, _)| id == "fixture-crashy"),
+        "{report:?}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for caller in callers {
+        assert!(caller.join().expect("no caller panicked") > 0);
+    }
+    assert_ne!(serving_pid(&rt, &session), first);
+    rt.shutdown();
+}
+
+/// Without `isolate`, the same crash takes the whole host down: `cordis call` dies by the
+/// plugin's signal (documented in README).
+#[test]
+fn in_process_the_same_crash_kills_the_host() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let s = Scratch::new();
+    s.manifest("- name: fixture-crashy\n");
+    let run = s.run(&["call", "crash", r#"{"how": "abort"}"#]);
+    assert_eq!(run.output.status.signal(), Some(6), "{}", run.stderr());
+    s.manifest("- name: fixture-crashy\n  isolate: process\n");
+    s.run(&["call", "crash", r#"{"how": "abort"}"#])
+        .expect_code(1)
+        .expect_output(&["was killed by signal 6 (SIGABRT)", "[PLUGIN_CRASHED]"]);
+}
+
+/// `isolate` and `callTimeout` are checked like every other key.
+#[test]
+fn malformed_isolation_keys_are_refused_by_check() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: fixture-crashy\n  isolate: thread\n\
+         - name: cordis-example\n  callTimeout: 5s\n\
+         - name: fixture-greeter-consumer\n  isolate: process\n  callTimeout: soon\n",
+    );
+    s.run(&["check"]).expect_code(1).expect_output(&[
+        "`isolate` must be `process` or `none`, found `thread`",
+        "`callTimeout` applies only to an entry with `isolate: process`",
+        "`soon` is not a duration",
+    ]);
+}
+
+/// An isolated consumer injects an in-process provider's service (the other direction).
+#[test]
+fn an_isolated_consumer_injects_an_in_process_service() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: cordis-example\n  config:\n    word: hello\n\
+         - name: fixture-greeter-consumer\n  isolate: process\n",
+    );
+    let rt = s.runtime_isolated();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    assert_eq!(
+        call_in(&rt, &session, "greet-via-service", json!({"name": "Ada"})),
+        ToolResult::ok("hello, Ada")
+    );
+    let status = rt
+        .inspect(|c| c.registry().isolation("fixture-greeter-consumer"))
+        .expect("isolated");
+    assert!(
+        status.pid.is_some_and(|p| p != std::process::id()),
+        "{status:?}"
+    );
+    assert_eq!(
+        rt.inspect(|c| c.registry().isolation("cordis-example")),
+        None
+    );
+    rt.shutdown();
+}
+
+/// Over MCP, a real `cordis run` answers the crashing call with an error result and keeps
+/// serving: the entry's next call succeeds on a new process.
+#[test]
+fn cordis_run_over_mcp_survives_an_isolated_crash() {
+    let s = Scratch::new();
+    s.manifest("- name: fixture-crashy\n  isolate: process\n");
+    let mut mcp = cordis_e2e::McpStdio::start(s.cordis(&["run"]));
+    let (is_error, first) = mcp.call("pid", json!({}));
+    assert!(!is_error, "{first}");
+    let (is_error, crashed) = mcp.call("crash", json!({"how": "segv"}));
+    assert!(is_error && crashed.contains("SIGSEGV"), "{crashed}");
+    let again = eventually(
+        "the entry serves again",
+        Duration::from_secs(20),
+        || match mcp.call("pid", json!({})) {
+            (false, pid) => Ok(pid),
+            (true, text) => Err(text),
+        },
+    );
+    assert_ne!(again, first);
+}
