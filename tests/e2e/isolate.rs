@@ -331,3 +331,74 @@ fn cordis_run_over_mcp_survives_an_isolated_crash() {
     );
     assert_ne!(again, first);
 }
+
+/// An isolated process whose plugin declares no needs writes no file, reaches no network
+/// and does not see the host's secrets; the same plugin in-process does all three (so the
+/// test can fail). A plugin that needs writes (`dsh-fs-sandbox`) keeps them when isolated.
+#[test]
+fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secrets() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().unwrap().port();
+    let (inside, s) = (Scratch::new(), Scratch::new());
+    let target = s.path().join("planted.txt");
+    let probe = |rt: &Runtime, session: &SessionInfo| {
+        (
+            call_in(
+                rt,
+                session,
+                "touch",
+                json!({"path": target.display().to_string()}),
+            ),
+            call_in(rt, session, "connect", json!({ "port": port })),
+            // Set in the test's (the host's) environment by the test runner.
+            call_in(rt, session, "env", json!({"name": "CARGO_MANIFEST_DIR"})),
+        )
+    };
+
+    inside.manifest("- name: fixture-crashy\n");
+    let rt = inside.runtime_isolated();
+    let session = rt.sessions().create(&inside.path()).expect("session");
+    let (touched, connected, secret) = probe(&rt, &session);
+    assert_eq!(touched.text, "written", "in-process, the plugin writes");
+    assert_eq!(
+        connected.text, "connected",
+        "in-process, the plugin connects"
+    );
+    assert_eq!(secret.text, env!("CARGO_MANIFEST_DIR"));
+    rt.shutdown();
+    std::fs::remove_file(&target).unwrap();
+
+    s.manifest(
+        "- name: fixture-crashy\n  isolate: process\n\
+         - name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+         - name: dsh-fs-sandbox\n  isolate: process\n- name: dsh-tool-fs\n  isolate: process\n",
+    );
+    s.run(&["check"]).expect_code(0).expect_output(&[
+        "isolated in its own process (callTimeout 900s; no file writes, no network, a scrubbed environment)",
+    ]);
+    let rt = s.runtime_isolated();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let (touched, connected, secret) = probe(&rt, &session);
+    assert!(
+        touched.is_error && touched.text.contains("Permission denied"),
+        "{}",
+        touched.text
+    );
+    assert!(!target.exists());
+    assert!(connected.is_error, "{}", connected.text);
+    assert_eq!(secret.text, "<unset>");
+    // The fenced filesystem declares that it writes files: isolated, it still does, for a
+    // tool that is itself confined.
+    let written = call_in(
+        &rt,
+        &session,
+        "write",
+        json!({"path": "through-fs.txt", "content": "ok\n"}),
+    );
+    assert!(!written.is_error, "{}", written.text);
+    assert_eq!(
+        std::fs::read_to_string(s.path().join("through-fs.txt")).unwrap(),
+        "ok\n"
+    );
+    rt.shutdown();
+}

@@ -98,7 +98,15 @@ enum Command {
 
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(cordis_engine::ISOLATED_CHILD_ARG.as_ref()) {
-        // An isolated entry's process, started by a host (hidden; see `isolate:`).
+        // An isolated entry's process, started by a host (hidden; see `isolate:`). It is
+        // confined before it loads anything, while it has a single thread.
+        let no_writes = std::env::args_os().any(|a| a == cordis_engine::ISOLATED_NO_WRITES_ARG);
+        if no_writes {
+            if let Err(e) = cordis_cli::isolated::forbid_writes() {
+                eprintln!("error: the isolated process cannot be confined: {e}; it does not run");
+                return ExitCode::from(70);
+            }
+        }
         cordis_engine::isolated_child_main();
     }
     let cli = Cli::parse();

@@ -193,6 +193,9 @@ pub struct Meta {
     pub tools: Option<Vec<String>>,
     /// The `cordis-sdk` version it was built against.
     pub sdk_version: String,
+    /// What its process needs when isolated (`write-files`, `network`, `namespaces`);
+    /// empty for a library built before plugins could say.
+    pub needs: Vec<String>,
 }
 
 /// A loaded plugin library. The `RawLibrary` stays open as long as this value lives.
@@ -581,6 +584,10 @@ impl Library {
             tools: module
                 .tools()
                 .map(|tools| tools().iter().map(copy).collect()),
+            needs: module
+                .needs()
+                .map(|needs| needs().iter().map(copy).collect())
+                .unwrap_or_default(),
             sdk_version: format!(
                 "{}.{}.{}",
                 plugin_sdk.major, plugin_sdk.minor, plugin_sdk.patch

@@ -198,6 +198,10 @@ pub struct PluginMod {
     /// built before the field existed.
     #[sabi(missing_field(option))]
     pub tools: extern "C" fn() -> RVec<RString>,
+    /// What the plugin's process needs when its entry is isolated
+    /// ([`crate::Metadata::needs`]); absent in a library built before the field existed.
+    #[sabi(missing_field(option))]
+    pub needs: extern "C" fn() -> RVec<RString>,
 }
 
 impl RootModule for PluginModRef {

@@ -225,7 +225,7 @@ mod service;
 pub use error::{codes, Error, ErrorCode, Result};
 pub use host::SessionInfo;
 pub use plugin::{
-    input_schema_of, report_progress, CallContext, Context, Metadata, Plugin, Progress, Tool,
+    input_schema_of, report_progress, CallContext, Context, Metadata, Need, Plugin, Progress, Tool,
     ToolAnnotations, ToolOptions, ToolResult, MAX_PROGRESS_LINE,
 };
 pub use service::{decode_args, encode_result, serve, Interface, InterfaceMismatch, Service};
@@ -240,7 +240,7 @@ pub use tracing;
 pub mod prelude {
     pub use crate::abi::Reconfigured;
     pub use crate::{
-        CallContext, Context, Error, Interface, Metadata, Plugin, Progress, Result, Service,
+        CallContext, Context, Error, Interface, Metadata, Need, Plugin, Progress, Result, Service,
         SessionInfo, Tool, ToolAnnotations, ToolOptions, ToolResult,
     };
     pub use schemars::JsonSchema;

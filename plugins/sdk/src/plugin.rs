@@ -51,6 +51,33 @@ pub struct Metadata {
     provides: Vec<ServiceDecl>,
     injects: Vec<InjectDecl>,
     tools: Vec<String>,
+    needs: Vec<Need>,
+}
+
+/// What a plugin's process needs beyond calling the services it injects, when its entry
+/// runs isolated (`isolate: process`): such a process is confined — it writes no file, has
+/// no network of its own and sees a scrubbed environment — unless the plugin declares what
+/// it needs ([`Metadata::needs`]). `cordis check` shows what an entry is granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// To write files itself (a filesystem backend).
+    WriteFiles,
+    /// A network of its own (the host's).
+    Network,
+    /// To create namespaces and run commands in them (a shell): no confinement at all, and
+    /// the host's environment.
+    Namespaces,
+}
+
+impl Need {
+    /// The need's spelling (`write-files`, `network`, `namespaces`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Need::WriteFiles => "write-files",
+            Need::Network => "network",
+            Need::Namespaces => "namespaces",
+        }
+    }
 }
 
 impl Metadata {
@@ -63,7 +90,17 @@ impl Metadata {
             provides: Vec::new(),
             injects: Vec::new(),
             tools: Vec::new(),
+            needs: Vec::new(),
         }
+    }
+
+    /// Declares what the plugin's process needs when its entry is isolated (see [`Need`]);
+    /// a plugin that declares nothing runs confined there.
+    pub fn needs(mut self, need: Need) -> Self {
+        if !self.needs.contains(&need) {
+            self.needs.push(need);
+        }
+        self
     }
 
     /// One line on what the plugin is for.
@@ -673,6 +710,17 @@ extern "C" fn tools<P: Plugin>() -> RVec<RString> {
         .unwrap_or_default()
 }
 
+extern "C" fn needs<P: Plugin>() -> RVec<RString> {
+    catch_unwind(|| {
+        P::metadata()
+            .needs
+            .into_iter()
+            .map(|n| RString::from(n.as_str()))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
 extern "C" fn check_config<P: Plugin>(config: RStr<'_>) -> RResult<(), RError> {
     guard("check_config", || {
         parse_config::<P>(config.as_str()).map(drop)
@@ -725,6 +773,7 @@ pub fn root_module<P: Plugin>() -> PluginModRef {
         check_config: check_config::<P>,
         apply: apply::<P>,
         tools: tools::<P>,
+        needs: needs::<P>,
     }
     .leak_into_prefix()
 }

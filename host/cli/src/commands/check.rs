@@ -69,8 +69,9 @@ pub(crate) fn describe_plan(plan: &Plan) -> String {
         if let Some(isolation) = &p.entry.isolate {
             let _ = writeln!(
                 out,
-                "       isolated in its own process (callTimeout {}s)",
-                isolation.call_timeout.as_secs()
+                "       isolated in its own process (callTimeout {}s; {})",
+                isolation.call_timeout.as_secs(),
+                cordis_engine::confinement_summary(&m.needs)
             );
         }
         for s in &m.provides {

@@ -41,6 +41,58 @@ pub const CHILD_ARG: &str = "__isolated";
 /// The descriptor of the socket in the child.
 const CHILD_FD: RawFd = 3;
 
+/// The argument after which the child confines its own filesystem writes (Landlock; the
+/// `cordis` binary applies it before it serves the socket).
+pub const NO_WRITES_ARG: &str = "--no-writes";
+
+/// The environment a confined isolated process keeps; everything else (tokens, keys) is
+/// dropped.
+const KEPT_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE"];
+
+/// How an isolated process is confined, from what its plugin declares it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Confinement {
+    /// No network of its own: a new (empty) network namespace, in a user namespace.
+    no_network: bool,
+    /// No file writes anywhere (Landlock).
+    no_writes: bool,
+    /// Only [`KEPT_ENV`] of the host's environment.
+    scrub_env: bool,
+}
+
+impl Confinement {
+    fn of(needs: &[String]) -> Self {
+        let needs = |n: cordis_sdk::Need| needs.iter().any(|x| x == n.as_str());
+        let everything = needs(cordis_sdk::Need::Namespaces);
+        Confinement {
+            no_network: !everything && !needs(cordis_sdk::Need::Network),
+            no_writes: !everything && !needs(cordis_sdk::Need::WriteFiles),
+            scrub_env: !everything,
+        }
+    }
+}
+
+/// What an isolated entry's process is denied, given what its plugin needs, in words (for
+/// `cordis check`).
+pub fn confinement_summary(needs: &[String]) -> String {
+    let c = Confinement::of(needs);
+    let mut denied = Vec::new();
+    if c.no_writes {
+        denied.push("no file writes");
+    }
+    if c.no_network {
+        denied.push("no network");
+    }
+    if c.scrub_env {
+        denied.push("a scrubbed environment");
+    }
+    if denied.is_empty() {
+        "unconfined (its plugin needs namespaces)".to_string()
+    } else {
+        denied.join(", ")
+    }
+}
+
 /// The first restart waits this long; each crash in a row doubles it, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -91,6 +143,7 @@ pub(crate) struct Isolated {
     config: Mutex<String>,
     exe: PathBuf,
     timeout: Duration,
+    confinement: Confinement,
     injects: Vec<Injected>,
     served: HashMap<String, ServiceBox>,
     state: Mutex<State>,
@@ -181,6 +234,7 @@ pub(crate) fn apply(
         config: Mutex::new(planned.entry.config.to_string()),
         exe: exe.to_path_buf(),
         timeout: isolation.call_timeout,
+        confinement: Confinement::of(&meta.needs),
         injects,
         served,
         state: Mutex::new(State::default()),
@@ -273,10 +327,27 @@ impl Isolated {
                     .map_err(|e| fail(e.to_string()))?,
             ))
             .stderr(Stdio::inherit());
+        let confinement = self.confinement;
+        if confinement.no_writes {
+            command.arg(NO_WRITES_ARG);
+        }
+        if confinement.scrub_env {
+            let kept: Vec<(&str, std::ffi::OsString)> = KEPT_ENV
+                .iter()
+                .filter_map(|k| std::env::var_os(k).map(|v| (*k, v)))
+                .collect();
+            command.env_clear().envs(kept);
+        }
         let fd = theirs.as_raw_fd();
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             command.pre_exec(move || {
+                // A network of its own: an empty namespace (only a loopback, down).
+                if confinement.no_network
+                    && libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if fd == CHILD_FD {
                     if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
                         return Err(std::io::Error::last_os_error());
@@ -287,7 +358,15 @@ impl Isolated {
                 Ok(())
             });
         }
-        let process = command.spawn().map_err(|e| fail(e.to_string()))?;
+        let process = command.spawn().map_err(|e| {
+            if confinement.no_network {
+                fail(format!(
+                    "{e} (a network namespace of its own needs unprivileged user namespaces: see `kernel.unprivileged_userns_clone` and AppArmor's `kernel.apparmor_restrict_unprivileged_userns`); the entry is not run unconfined"
+                ))
+            } else {
+                fail(e.to_string())
+            }
+        })?;
         drop(theirs);
         let pid = process.id();
         let process = Arc::new(Mutex::new(Some(process)));

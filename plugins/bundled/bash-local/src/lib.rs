@@ -43,6 +43,9 @@ impl Plugin for BashLocalPlugin {
     fn metadata() -> Metadata {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("runs shell commands unconfined")
+            .needs(cordis_sdk::Need::Namespaces)
+            .needs(cordis_sdk::Need::WriteFiles)
+            .needs(cordis_sdk::Need::Network)
             .provides::<ShellClient>(SHELL)
             .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
     }

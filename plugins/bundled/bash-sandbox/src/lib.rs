@@ -60,6 +60,9 @@ impl Plugin for BashSandboxPlugin {
     fn metadata() -> Metadata {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("runs shell commands confined by namespaces, Landlock and seccomp")
+            .needs(cordis_sdk::Need::Namespaces)
+            .needs(cordis_sdk::Need::WriteFiles)
+            .needs(cordis_sdk::Need::Network)
             .provides::<ShellClient>(SHELL)
             .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)

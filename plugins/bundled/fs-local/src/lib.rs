@@ -70,6 +70,7 @@ impl Plugin for FsLocalPlugin {
     fn metadata() -> Metadata {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("the unconfined local filesystem backend")
+            .needs(cordis_sdk::Need::WriteFiles)
             .provides::<FsClient>(FS)
     }
 

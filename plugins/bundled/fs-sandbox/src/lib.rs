@@ -109,6 +109,7 @@ impl Plugin for FsSandboxPlugin {
     fn metadata() -> Metadata {
         Metadata::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .description("the fenced filesystem backend: writes confined by the sandbox policy")
+            .needs(cordis_sdk::Need::WriteFiles)
             .provides::<FsClient>(FS)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
     }
