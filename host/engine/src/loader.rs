@@ -584,10 +584,7 @@ impl Library {
             tools: module
                 .tools()
                 .map(|tools| tools().iter().map(copy).collect()),
-            needs: module
-                .needs()
-                .map(|needs| needs().iter().map(copy).collect())
-                .unwrap_or_default(),
+            needs: needs_of(&raw),
             sdk_version: format!(
                 "{}.{}.{}",
                 plugin_sdk.major, plugin_sdk.minor, plugin_sdk.patch
@@ -622,6 +619,29 @@ impl Library {
 /// against).
 pub fn sdk_version() -> String {
     host_sdk().to_string()
+}
+
+/// What the library's plugin needs when isolated: its optional `NEEDS_SYMBOL` export
+/// (none for a library built before it existed).
+fn needs_of(raw: &RawLibrary) -> Vec<String> {
+    type Needs = extern "C" fn() -> *const std::os::raw::c_char;
+    // SAFETY: `export_plugin!` defines the symbol with this signature; the string it
+    // returns is leaked by the library and read before anything else runs in it.
+    let text = unsafe {
+        let Ok(f) = raw.get::<Needs>(cordis_sdk::abi::NEEDS_SYMBOL) else {
+            return Vec::new();
+        };
+        let ptr = (*f)();
+        if ptr.is_null() {
+            return Vec::new();
+        }
+        std::ffi::CStr::from_ptr(ptr).to_string_lossy().into_owned()
+    };
+    text.split(',')
+        .filter(|n| !n.is_empty())
+        .take(16)
+        .map(str::to_string)
+        .collect()
 }
 
 fn host_sdk() -> VersionNumber {

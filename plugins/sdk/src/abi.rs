@@ -198,11 +198,15 @@ pub struct PluginMod {
     /// built before the field existed.
     #[sabi(missing_field(option))]
     pub tools: extern "C" fn() -> RVec<RString>,
-    /// What the plugin's process needs when its entry is isolated
-    /// ([`crate::Metadata::needs`]); absent in a library built before the field existed.
-    #[sabi(missing_field(option))]
-    pub needs: extern "C" fn() -> RVec<RString>,
 }
+
+/// The symbol [`crate::export_plugin!`] exports besides the root module: an
+/// `extern "C" fn() -> *const c_char` giving what the plugin's process needs when its entry
+/// is isolated ([`crate::Metadata::needs`]) as a comma-separated, NUL-terminated string
+/// that lives as long as the library. A symbol of its own rather than a field of
+/// [`PluginMod`], whose layout abi_stable requires a library to match (a host with one more
+/// field would refuse every library built before it); a library without it needs nothing.
+pub const NEEDS_SYMBOL: &[u8] = b"cordis_plugin_needs\0";
 
 impl RootModule for PluginModRef {
     declare_root_module_statics! {PluginModRef}

@@ -249,7 +249,7 @@ pub mod prelude {
 
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::plugin::root_module;
+    pub use crate::plugin::{needs_of, root_module};
     pub use abi_stable::library::{
         __call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult,
     };

@@ -710,15 +710,22 @@ extern "C" fn tools<P: Plugin>() -> RVec<RString> {
         .unwrap_or_default()
 }
 
-extern "C" fn needs<P: Plugin>() -> RVec<RString> {
-    catch_unwind(|| {
+/// What plugin `P`'s process needs when isolated, for the symbol
+/// [`crate::abi::NEEDS_SYMBOL`] that [`crate::export_plugin!`] exports: comma-separated,
+/// NUL-terminated, leaked (asked for once per load).
+#[doc(hidden)]
+pub fn needs_of<P: Plugin>() -> *const std::os::raw::c_char {
+    let needs = catch_unwind(|| {
         P::metadata()
             .needs
-            .into_iter()
-            .map(|n| RString::from(n.as_str()))
-            .collect()
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
     })
-    .unwrap_or_default()
+    .unwrap_or_default();
+    let text = std::ffi::CString::new(needs).unwrap_or_default();
+    Box::leak(text.into_boxed_c_str()).as_ptr()
 }
 
 extern "C" fn check_config<P: Plugin>(config: RStr<'_>) -> RResult<(), RError> {
@@ -773,7 +780,6 @@ pub fn root_module<P: Plugin>() -> PluginModRef {
         check_config: check_config::<P>,
         apply: apply::<P>,
         tools: tools::<P>,
-        needs: needs::<P>,
     }
     .leak_into_prefix()
 }
@@ -799,6 +805,12 @@ macro_rules! export_plugin {
                 )
             }
         };
+
+        #[doc(hidden)]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn cordis_plugin_needs() -> *const ::std::os::raw::c_char {
+            $crate::__private::needs_of::<$plugin>()
+        }
     };
 }
 

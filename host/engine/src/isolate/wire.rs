@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use cordis_sdk::abi::RError;
 use rustix::net::{
@@ -183,6 +183,7 @@ impl Conn {
     }
 
     fn read_loop(self: &Arc<Self>, mut reader: UnixStream, handler: Arc<Handler>) {
+        let workers = Workers::new();
         loop {
             let Ok((frame, fds)) = read_frame(&mut reader) else {
                 return;
@@ -198,14 +199,12 @@ impl Conn {
                 }
                 msg => {
                     let (conn, handler, id) = (self.clone(), handler.clone(), frame.id);
-                    let spawned = std::thread::Builder::new()
-                        .name("cordis-isolated-call".into())
-                        .spawn(move || {
-                            if let Some(result) = handler(&conn, msg, fds) {
-                                let _ = conn.send(id, &Msg::Reply { result }, &[]);
-                            }
-                        });
-                    if spawned.is_err() {
+                    let job: Job = Box::new(move || {
+                        if let Some(result) = handler(&conn, msg, fds) {
+                            let _ = conn.send(id, &Msg::Reply { result }, &[]);
+                        }
+                    });
+                    if !workers.run(job) {
                         return;
                     }
                 }
@@ -294,6 +293,71 @@ impl Conn {
     /// Requests in flight.
     pub(crate) fn in_flight(&self) -> usize {
         lock(&self.pending).as_ref().map_or(0, HashMap::len)
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The threads that answer the other side's requests: an idle one takes each request, and
+/// a new one starts when none is idle, so a request that calls back never waits for
+/// another to finish. Idle threads end after a while.
+struct Workers {
+    state: Arc<(Mutex<Queue>, Condvar)>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: std::collections::VecDeque<Job>,
+    idle: usize,
+}
+
+/// How long a thread with nothing to do waits for a request before it ends.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Workers {
+    fn new() -> Self {
+        Workers {
+            state: Arc::new((Mutex::new(Queue::default()), Condvar::new())),
+        }
+    }
+
+    /// Runs `job` on a worker; `false` when no thread could be started for it.
+    fn run(&self, job: Job) -> bool {
+        let (queue, ready) = &*self.state;
+        let mut q = lock(queue);
+        q.jobs.push_back(job);
+        if q.idle >= q.jobs.len() {
+            ready.notify_one();
+            return true;
+        }
+        drop(q);
+        let state = self.state.clone();
+        std::thread::Builder::new()
+            .name("cordis-isolated-call".into())
+            .spawn(move || Workers::work(&state))
+            .is_ok()
+    }
+
+    fn work(state: &(Mutex<Queue>, Condvar)) {
+        let (queue, ready) = state;
+        let mut q = lock(queue);
+        loop {
+            if let Some(job) = q.jobs.pop_front() {
+                drop(q);
+                job();
+                q = lock(queue);
+                continue;
+            }
+            q.idle += 1;
+            let (next, waited) = ready
+                .wait_timeout(q, IDLE)
+                .unwrap_or_else(|e| e.into_inner());
+            q = next;
+            q.idle -= 1;
+            if waited.timed_out() && q.jobs.is_empty() {
+                return;
+            }
+        }
     }
 }
 
