@@ -332,8 +332,8 @@ fn cordis_run_over_mcp_survives_an_isolated_crash() {
     assert_ne!(again, first);
 }
 
-/// An isolated process whose plugin declares no needs writes no file, reaches no network
-/// and does not see the host's secrets; the same plugin in-process does all three (so the
+/// An isolated process whose plugin declares no needs writes no file, reaches no network,
+/// does not see the host's secrets and inherits no descriptor of the host's; the same plugin in-process does all three (so the
 /// test can fail). A plugin that needs writes (`dsh-fs-sandbox`) keeps them when isolated.
 #[test]
 fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secrets() {
@@ -365,6 +365,17 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
         "in-process, the plugin connects"
     );
     assert_eq!(secret.text, env!("CARGO_MANIFEST_DIR"));
+    // A descriptor the host holds without close-on-exec (as a careless plugin could).
+    let (pipe, _writer) = std::io::pipe().expect("pipe");
+    // SAFETY: duplicates a descriptor this test owns to a new one, 100 or above, without
+    // close-on-exec (`F_DUPFD`); it is closed below.
+    let fd = unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_DUPFD, 100) };
+    assert!(fd >= 100, "{}", std::io::Error::last_os_error());
+    let open_here = call_in(&rt, &session, "fds", json!({})).text;
+    assert!(
+        open_here.contains(&format!(" {fd},")) || open_here.contains(&format!(" {fd}]")),
+        "{open_here}"
+    );
     rt.shutdown();
     std::fs::remove_file(&target).unwrap();
 
@@ -387,6 +398,14 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
     assert!(!target.exists());
     assert!(connected.is_error, "{}", connected.text);
     assert_eq!(secret.text, "<unset>");
+    let open_there: Vec<i32> =
+        serde_json::from_str(&call_in(&rt, &session, "fds", json!({})).text).expect("a list");
+    assert!(
+        !open_there.contains(&fd),
+        "{open_there:?} holds the host's {fd}"
+    );
+    // SAFETY: `fd` was made above and nothing else uses it.
+    unsafe { libc::close(fd) };
     // The fenced filesystem declares that it writes files: isolated, it still does, for a
     // tool that is itself confined.
     let written = call_in(

@@ -355,6 +355,11 @@ impl Isolated {
                 } else if libc::dup2(fd, CHILD_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // Nothing else of the host's (a descriptor some plugin opened without
+                // close-on-exec) reaches the child.
+                if libc::syscall(libc::SYS_close_range, CHILD_FD + 1, libc::c_uint::MAX, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
