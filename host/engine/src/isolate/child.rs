@@ -16,7 +16,9 @@ use cordis_sdk::abi::{
     ServiceDecl, ServiceObj, ServiceObj_TO, ToolBox, ToolDecl,
 };
 
-use super::wire::{CallFds, Conn, Handler, Injected, Msg, WireError};
+use super::wire::{
+    answer_service, service_result, CallFds, Conn, Handler, Injected, Msg, WireError,
+};
 use super::{ToolWire, CHILD_FD};
 use crate::loader::Library;
 
@@ -83,10 +85,7 @@ fn handle(
                     format!("this entry provides no service `{name}`"),
                 ));
             };
-            match service.call(RStr::from(method.as_str()), RStr::from(args.as_str())) {
-                RResult::ROk(text) => Ok(serde_json::Value::String(text.into())),
-                RResult::RErr(e) => Err(e.into()),
-            }
+            answer_service(&service, &method, &args)
         }
         Msg::Tool {
             tool,
@@ -311,9 +310,7 @@ impl ServiceObj for HostService {
             return gone();
         };
         match rx.recv() {
-            Ok(Ok(serde_json::Value::String(text))) => RResult::ROk(text.into()),
-            Ok(Ok(other)) => RResult::ROk(other.to_string().into()),
-            Ok(Err(e)) => RResult::RErr(e.into()),
+            Ok(answer) => service_result(answer),
             Err(_) => gone(),
         }
     }

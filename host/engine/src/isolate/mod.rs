@@ -454,12 +454,7 @@ impl Isolated {
                     cordis_sdk::codes::MISSING_SERVICE,
                     format!("service `{name}` is not injected into this entry"),
                 )),
-                Some(service) => {
-                    match service.call(RStr::from(method.as_str()), RStr::from(args.as_str())) {
-                        RResult::ROk(text) => Ok(serde_json::Value::String(text.into())),
-                        RResult::RErr(e) => Err(e.into()),
-                    }
-                }
+                Some(service) => wire::answer_service(service, &method, &args),
             }),
             Msg::Log {
                 level,
@@ -874,11 +869,7 @@ impl ServiceObj for ServiceProxy {
             args: args.to_string(),
         };
         let what = format!("`{}.{method}`", self.decl.name);
-        match self.isolated.call(&what, &msg, &[], None) {
-            Ok(serde_json::Value::String(text)) => RResult::ROk(text.into()),
-            Ok(other) => RResult::ROk(other.to_string().into()),
-            Err(e) => RResult::RErr(e.into()),
-        }
+        wire::service_result(self.isolated.call(&what, &msg, &[], None))
     }
 }
 

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
-use cordis_sdk::abi::RError;
+use abi_stable::std_types::{RResult, RStr, RString};
+use cordis_sdk::abi::{RError, ServiceBox};
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -123,6 +124,23 @@ impl WireError {
             help: None,
             data: String::new(),
         }
+    }
+}
+
+/// Runs a service call that came over the wire on `service`: its answer as it goes back.
+pub(crate) fn answer_service(service: &ServiceBox, method: &str, args: &str) -> Answer {
+    match service.call(RStr::from(method), RStr::from(args)) {
+        RResult::ROk(text) => Ok(serde_json::Value::String(text.into())),
+        RResult::RErr(e) => Err(e.into()),
+    }
+}
+
+/// A service call's answer that came over the wire, as the calling plugin receives it.
+pub(crate) fn service_result(answer: Answer) -> RResult<RString, RError> {
+    match answer {
+        Ok(serde_json::Value::String(text)) => RResult::ROk(text.into()),
+        Ok(other) => RResult::ROk(other.to_string().into()),
+        Err(e) => RResult::RErr(e.into()),
     }
 }
 
