@@ -122,7 +122,10 @@ fn a_crashing_isolated_entry_costs_only_its_own_calls_and_restarts() {
         assert_ne!(after, before, "{how}: a new process serves the entry");
         // The consumer of its service recovers without being restarted.
         let greeted = call_in(&rt, &other, "greet-via-service", json!({"name": "Grace"}));
-        assert_eq!(greeted.text, format!("crashy greets Grace from {after}"));
+        assert_eq!(
+            greeted.text,
+            format!("crashy greets Grace from {after} in session {}", other.id)
+        );
     }
 
     // A crash inside a service call reaches the consumer as an error, then it recovers.
@@ -137,7 +140,7 @@ fn a_crashing_isolated_entry_costs_only_its_own_calls_and_restarts() {
     let pid = serving_pid(&rt, &session);
     assert_eq!(
         call_in(&rt, &session, "greet-via-service", json!({"name": "Ada"})).text,
-        format!("crashy greets Ada from {pid}")
+        format!("crashy greets Ada from {pid} in session {}", session.id)
     );
     let status = rt
         .inspect(|c| c.registry().isolation("fixture-crashy"))
@@ -418,6 +421,177 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
     assert_eq!(
         std::fs::read_to_string(s.path().join("through-fs.txt")).unwrap(),
         "ok\n"
+    );
+    rt.shutdown();
+}
+
+/// The call context travels with every nested service call and the host sets it: a
+/// provider learns the calling session (in-process and isolated alike), and an isolated
+/// plugin cannot act for another session, resolve a wider mode nobody approved, or hand
+/// the fenced backend a policy it made up; in-process, the same plugin's made-up policy is
+/// trusted (it is native code in the host), but another session is still refused.
+#[test]
+fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_another_session() {
+    for isolated in [true, false] {
+        let s = Scratch::new();
+        s.manifest(&format!(
+            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+             - name: dsh-fs-sandbox\n\
+             - name: fixture-crashy\n{}\
+             - name: fixture-greeter-consumer\n",
+            if isolated { "  isolate: process\n" } else { "" }
+        ));
+        std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+        let rt = if isolated {
+            s.runtime_isolated()
+        } else {
+            s.runtime()
+        };
+        let (dir_a, dir_b) = (s.path().join("a"), s.path().join("b"));
+        for d in [&dir_a, &dir_b] {
+            std::fs::create_dir_all(d).expect("session dir");
+        }
+        let a = rt.sessions().create(&dir_a).expect("session a");
+        let b = rt.sessions().create(&dir_b).expect("session b");
+
+        // A provider (the greeter) learns which session calls it through a consumer.
+        for session in [&a, &b] {
+            let r = call_in(&rt, session, "greet-via-service", json!({"name": "Ada"}));
+            assert!(
+                r.text.ends_with(&format!("in session {}", session.id)),
+                "isolated {isolated}: {}",
+                r.text
+            );
+        }
+        let whoami: Value =
+            serde_json::from_str(&call_in(&rt, &a, "whoami", json!({})).text).expect("json");
+        assert_eq!(whoami["session"], a.id.as_str(), "{whoami}");
+        assert!(whoami["call_id"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("isolate-")));
+        assert_eq!(
+            whoami["crossed"].as_bool().unwrap_or(false),
+            isolated,
+            "{whoami}"
+        );
+        assert_eq!(whoami["deadline_ms"].is_u64(), isolated, "{whoami}");
+
+        let b_events = rt.sessions().events(&b.id, None).expect("events of b");
+        let outside = dir_b.join("claimed.txt");
+        let claim = call_in(
+            &rt,
+            &a,
+            "claim",
+            json!({"session": b.id, "outside": outside.display().to_string()}),
+        );
+        assert!(!claim.is_error, "{}", claim.text);
+        let claim: Value = serde_json::from_str(&claim.text).expect("json");
+        for attempt in [
+            "events_other",
+            "append_other",
+            "set_mode_other",
+            "resolve_other",
+        ] {
+            assert_eq!(claim[attempt], "SESSION_NOT_CALLING", "{attempt}: {claim}");
+        }
+        assert_eq!(
+            claim["resolve_calling_root"],
+            dir_a
+                .canonicalize()
+                .expect("canonical")
+                .display()
+                .to_string(),
+            "{claim}"
+        );
+        assert_eq!(claim["info_calling"], format!("ok: {:?}", a.id), "{claim}");
+        assert_eq!(
+            rt.sessions().events(&b.id, None).expect("events of b"),
+            b_events,
+            "nothing was written to the other session"
+        );
+        if isolated {
+            for attempt in ["resolve_wider", "write_made_up"] {
+                assert_eq!(claim[attempt], "SANDBOX_NOT_APPROVED", "{attempt}: {claim}");
+            }
+            assert!(!outside.exists(), "a made-up policy wrote outside the root");
+            // A thread the plugin started itself is outside any session.
+            assert_eq!(
+                claim["info_calling_from_own_thread"], "SESSION_NOT_CALLING",
+                "{claim}"
+            );
+        } else {
+            assert!(
+                claim["resolve_wider"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("ok: ")),
+                "{claim}"
+            );
+            assert!(
+                claim["write_made_up"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("ok: ")),
+                "{claim}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(&outside).expect("written"),
+                "claimed\n"
+            );
+            assert!(
+                claim["info_calling_from_own_thread"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("ok: ")),
+                "{claim}"
+            );
+        }
+        rt.shutdown();
+    }
+}
+
+/// An isolated `dsh-tool-fs` escalates through the approval flow: the granted mode reaches
+/// the in-process fenced backend (the host recorded it for the call), a refusal does not.
+#[test]
+fn an_isolated_tool_escalates_only_with_an_approval_the_host_saw() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+         - name: dsh-fs-sandbox\n\
+         - name: dsh-tool-fs\n  isolate: process\n",
+    );
+    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+    let rt = s.runtime_isolated();
+    let project = s.path().join("project");
+    std::fs::create_dir_all(&project).expect("project");
+    let session = rt.sessions().create(&project).expect("session");
+    let outside = s.path().join("outside.txt");
+    let write = || {
+        call_in(
+            &rt,
+            &session,
+            "write",
+            json!({
+                "path": outside.display().to_string(),
+                "content": "escalated\n",
+                "sandbox_permissions": "danger-full-access",
+                "justification": "needed outside the project",
+            }),
+        )
+    };
+    rt.approvals()
+        .answer_always(cordis_sdk::host::ApprovalOutcome::Rejected);
+    let refused = write();
+    assert!(refused.is_error, "{}", refused.text);
+    assert!(!outside.exists());
+    rt.approvals()
+        .answer_always(cordis_sdk::host::ApprovalOutcome::Approved);
+    let granted = write();
+    assert!(
+        !granted.is_error && granted.text.contains("approved for this call only"),
+        "{}",
+        granted.text
+    );
+    assert_eq!(
+        std::fs::read_to_string(&outside).expect("written"),
+        "escalated\n"
     );
     rt.shutdown();
 }

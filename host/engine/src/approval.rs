@@ -80,7 +80,12 @@ pub struct ApprovalService(pub Arc<ApprovalRouter>);
 
 impl Approval for ApprovalService {
     fn request(&self, request: ApprovalRequest) -> Result<ApprovalOutcome> {
-        Ok(self.0.ask(&request))
+        crate::scope::check_approval(&request)?;
+        let outcome = self.0.ask(&request);
+        if let (ApprovalOutcome::Approved, Some(mode)) = (outcome, &request.mode) {
+            crate::scope::approved(mode);
+        }
+        Ok(outcome)
     }
 }
 
@@ -159,6 +164,7 @@ mod tests {
             summary: summary.into(),
             detail: detail.into(),
             justification: justification.into(),
+            mode: None,
         }
     }
 

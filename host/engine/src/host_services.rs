@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use cordis_sdk::abi::ServiceBox;
 use cordis_sdk::host::{
-    ApprovalClient, CompositionClient, SessionsClient, ToolExtrasClient, APPROVAL, COMPOSITION,
-    SESSIONS, TOOL_EXTRAS,
+    ApprovalClient, CallContextClient, CompositionClient, SessionsClient, ToolExtrasClient,
+    APPROVAL, CALL_CONTEXT, COMPOSITION, SESSIONS, TOOL_EXTRAS,
 };
 
 use crate::approval::{ApprovalRouter, ApprovalService};
@@ -43,6 +43,10 @@ const TABLE: &[Row] = &[
     Row {
         spec: || ServiceSpec::of::<CompositionClient>(COMPOSITION),
         serve: |h| CompositionClient::serve(CompositionService(h.protection.clone())),
+    },
+    Row {
+        spec: || ServiceSpec::of::<CallContextClient>(CALL_CONTEXT),
+        serve: |_| CallContextClient::serve(crate::scope::CallContextAnswer),
     },
 ];
 
@@ -109,6 +113,6 @@ mod tests {
             Some(cordis_sdk::host::TOOL_EXTRAS)
         );
         assert_eq!(served, planned);
-        assert_eq!(served, [SESSIONS, APPROVAL, COMPOSITION]);
+        assert_eq!(served, [SESSIONS, APPROVAL, COMPOSITION, CALL_CONTEXT]);
     }
 }

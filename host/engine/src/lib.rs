@@ -20,6 +20,7 @@ mod registry;
 mod reload;
 mod runtime;
 mod schema;
+mod scope;
 mod sessions;
 
 use std::path::{Path, PathBuf};

@@ -76,6 +76,13 @@ impl ToolSlot {
         }
         let context = serde_json::to_string(call).unwrap_or_default();
         let args = args.to_string();
+        let _scope = crate::scope::enter(crate::scope::Scope::new(cordis_sdk::host::CurrentCall {
+            session: Some(call.session.id.clone()),
+            call_id: Some(call.call_id.clone()),
+            cancel_fd: call.cancel_fd,
+            progress_fd: call.progress_fd,
+            ..Default::default()
+        }));
         let outcome = self
             .handle
             .call(RStr::from(context.as_str()), RStr::from(args.as_str()));

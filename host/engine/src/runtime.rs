@@ -407,6 +407,11 @@ impl Runtime {
             }
         };
         let mut parts = Vec::new();
+        // Each contribution answers for `session` (the host's scope, not only an argument).
+        let _scope = crate::scope::enter(crate::scope::Scope::new(cordis_sdk::host::CurrentCall {
+            session: session.map(str::to_string),
+            ..Default::default()
+        }));
         for (name, service) in &providers.value {
             let arg = serde_json::to_string(&session).unwrap_or_else(|_| "null".into());
             match service.call_raw("context", &arg) {

@@ -517,16 +517,19 @@ pub struct SessionsService(pub Arc<SessionStore>);
 
 impl Sessions for SessionsService {
     fn info(&self, id: String) -> Result<SessionInfo> {
+        crate::scope::check_session(&id, "`sessions.info`")?;
         self.0.get(&id).map_err(to_sdk)
     }
 
     fn events(&self, query: EventQuery) -> Result<Vec<SessionEvent>> {
+        crate::scope::check_session(&query.session, "`sessions.events`")?;
         self.0
             .events(&query.session, query.kind.as_deref())
             .map_err(to_sdk)
     }
 
     fn append(&self, event: NewEvent) -> Result<u64> {
+        crate::scope::check_session(&event.session, "`sessions.append`")?;
         self.0
             .append(&event.session, &event.kind, event.data)
             .map_err(to_sdk)

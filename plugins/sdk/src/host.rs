@@ -16,6 +16,10 @@ pub mod codes {
         /// A session log could not be read or written (an I/O error or a corrupt line), or
         /// the session's cwd is not a usable directory.
         SESSION_STORE;
+        /// A service call named a session (or a tool call) other than the one it is made
+        /// for, as the host set it ([`CurrentCall`]): a plugin acts only for the session
+        /// that is calling it.
+        SESSION_NOT_CALLING;
     }
 }
 
@@ -114,6 +118,11 @@ pub struct ApprovalRequest {
     pub detail: String,
     /// Why the model says it needs it.
     pub justification: String,
+    /// The sandbox mode a grant allows for this call, when the request is an escalation:
+    /// the host records a granted mode in the call's context ([`CurrentCall::approved_modes`])
+    /// so the policy owner can tell an approved mode from a claimed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 /// How a person answered.
@@ -135,6 +144,59 @@ crate::interface! {
     pub trait Approval as ApprovalClient ("cordis.approval", 1) {
         /// Blocks until the person answers (or the front-end cannot ask).
         fn request(&self, request: ApprovalRequest) -> ApprovalOutcome;
+    }
+}
+
+/// The registry name of the host's answer to "which call is this thread serving?".
+pub const CALL_CONTEXT: &str = "callContext";
+
+/// The call a service provider is serving, as the host set it — never as a caller claims
+/// it in its arguments. The host sets it around every tool call, every model-context
+/// request and every call that crosses to or from an isolated entry's process; it follows
+/// nested service calls on the calling thread (a thread the plugin starts itself has
+/// none, except in an isolated process, where the host answers such calls as outside any
+/// session).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CurrentCall {
+    /// The calling session; `None` outside any session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The tool call ([`crate::CallContext::call_id`]); `None` outside a tool call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The call's cancel descriptor, in this process (readable once the call is cancelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_fd: Option<i32>,
+    /// The call's progress descriptor, in this process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_fd: Option<i32>,
+    /// When the call must be over, in milliseconds since the Unix epoch (an isolated
+    /// entry's `callTimeout`); `None` without a deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// The isolated entry this call came from, when it crossed from an isolated process to
+    /// the provider: a caller-resolved argument (`fs`'s `policy`) is then not trusted, and
+    /// the provider resolves it itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated_caller: Option<String>,
+    /// The call came from another process (an isolated entry's, or the host's to one):
+    /// descriptor numbers in its arguments are not this process's — use
+    /// [`CurrentCall::cancel_fd`] and [`CurrentCall::progress_fd`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub crossed: bool,
+    /// The sandbox modes a person approved for this call through the host's `approval`
+    /// service ([`ApprovalRequest::mode`]), in the order granted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_modes: Vec<String>,
+}
+
+crate::interface! {
+    /// The context of the call the calling thread serves, as the host set it.
+    pub trait CallContextService as CallContextClient ("cordis.call-context", 1) {
+        /// The current call; `None` when the host set none (a thread the plugin started
+        /// itself in the host's process, or a host command such as `cordis session
+        /// set-mode`, which acts for the session it names).
+        fn current(&self, unit: ()) -> Option<CurrentCall>;
     }
 }
 

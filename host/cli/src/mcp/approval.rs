@@ -277,6 +277,7 @@ mod tests {
             summary: "run `rm -rf build`".into(),
             detail: "rm -rf build".into(),
             justification: "clean build".into(),
+            mode: None,
         };
         let ElicitRequestParams::FormElicitationParams {
             message,

@@ -21,6 +21,32 @@ use super::wire::{
 };
 use super::{ToolWire, CHILD_FD};
 use crate::loader::Library;
+use crate::scope::{self, Scope};
+use cordis_sdk::host::{CallContextClient, CurrentCall, CALL_CONTEXT};
+
+/// The host's request the calling thread answers: named in the calls it makes back, so
+/// the host answers them in that request's scope.
+struct Within(Option<u64>);
+
+thread_local! {
+    static WITHIN: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+impl Within {
+    fn enter(id: u64) -> Within {
+        Within(WITHIN.with(|w| w.replace(Some(id))))
+    }
+
+    fn current() -> Option<u64> {
+        WITHIN.with(std::cell::Cell::get)
+    }
+}
+
+impl Drop for Within {
+    fn drop(&mut self) {
+        WITHIN.with(|w| w.set(self.0));
+    }
+}
 
 /// What the child holds once the plugin is applied.
 #[derive(Default)]
@@ -40,7 +66,11 @@ pub fn child_main() -> ! {
     let applied: Arc<Mutex<Applied>> = Arc::default();
     let handler: Arc<Handler> = {
         let applied = applied.clone();
-        Arc::new(move |conn, msg, fds| Some(handle(conn, &applied, msg, fds)))
+        Arc::new(move |conn, id, msg, fds| {
+            // Every call the plugin makes back while answering names this request.
+            let _within = Within::enter(id);
+            Some(handle(conn, &applied, msg, fds))
+        })
     };
     let (closed_tx, closed_rx) = std::sync::mpsc::channel();
     let served = Conn::serve(
@@ -77,7 +107,14 @@ fn handle(
             injects,
             log_level,
         } => apply(conn, applied, entry, &library, &config, injects, log_level),
-        Msg::Service { name, method, args } => {
+        Msg::Service {
+            name,
+            method,
+            args,
+            scope,
+            fds: which,
+            ..
+        } => {
             let service = lock(applied).services.get(&name).cloned();
             let Some(service) = service else {
                 return Err(WireError::new(
@@ -85,14 +122,24 @@ fn handle(
                     format!("this entry provides no service `{name}`"),
                 ));
             };
-            answer_service(&service, &method, &args)
+            let (cancel, progress) = placed(which, &fds);
+            let _scope = scope.map(|mut call| {
+                call.cancel_fd = cancel;
+                call.progress_fd = progress;
+                scope::enter(Scope::new(call))
+            });
+            let answer = answer_service(&service, &method, &args);
+            // The descriptors stay open until the call has returned.
+            drop(fds);
+            answer
         }
         Msg::Tool {
             tool,
             context,
             args,
             fds: which,
-        } => call_tool(applied, &tool, &context, &args, which, fds),
+            scope,
+        } => call_tool(applied, &tool, &context, &args, which, fds, scope),
         Msg::Reconfigure { config } => {
             let mut applied = lock(applied);
             let Some(instance) = applied.instance.as_mut() else {
@@ -181,7 +228,20 @@ fn apply(
     Ok(serde_json::json!({ "provided": provided, "tools": tools }))
 }
 
-/// Runs a tool call with the descriptors that came with it in place of the host's.
+/// The descriptors that came with a frame, as `which` names them: (cancel, progress).
+fn placed(which: CallFds, fds: &[OwnedFd]) -> (Option<i32>, Option<i32>) {
+    let mut received = fds.iter().map(|fd| fd.as_raw_fd());
+    let cancel = if which.cancel { received.next() } else { None };
+    let progress = if which.progress {
+        received.next()
+    } else {
+        None
+    };
+    (cancel, progress)
+}
+
+/// Runs a tool call in `scope` with the descriptors that came with it in place of the
+/// host's.
 fn call_tool(
     applied: &Mutex<Applied>,
     tool: &str,
@@ -189,6 +249,7 @@ fn call_tool(
     args: &str,
     which: CallFds,
     fds: Vec<OwnedFd>,
+    scope: Option<CurrentCall>,
 ) -> Result<serde_json::Value, WireError> {
     let handle = lock(applied).tools.get(tool).cloned();
     let Some(handle) = handle else {
@@ -203,12 +264,12 @@ fn call_tool(
             format!("malformed call context: {e}"),
         )
     })?;
-    let mut received = fds.iter();
-    for (present, key) in [(which.cancel, "cancel_fd"), (which.progress, "progress_fd")] {
+    let (cancel, progress) = placed(which, &fds);
+    for (fd, key) in [(cancel, "cancel_fd"), (progress, "progress_fd")] {
         if let Some(map) = context.as_object_mut() {
-            match received.next().filter(|_| present) {
+            match fd {
                 Some(fd) => {
-                    map.insert(key.into(), fd.as_raw_fd().into());
+                    map.insert(key.into(), fd.into());
                 }
                 None => {
                     map.remove(key);
@@ -217,6 +278,11 @@ fn call_tool(
         }
     }
     let context = context.to_string();
+    let _scope = scope.map(|mut call| {
+        call.cancel_fd = cancel;
+        call.progress_fd = progress;
+        scope::enter(Scope::new(call))
+    });
     let out = handle.call(RStr::from(context.as_str()), RStr::from(args));
     // The descriptors stay open until the call has returned.
     drop(fds);
@@ -247,6 +313,10 @@ impl HostCtxObj for ChildCtx {
     fn inject(&self, name: RStr<'_>) -> ROption<ServiceBox> {
         match self.injects.get(name.as_str()) {
             None => ROption::RNone,
+            // Which call this process serves is known here, from the host's requests.
+            Some(i) if i.name == CALL_CONTEXT => {
+                ROption::RSome(CallContextClient::serve(scope::CallContextAnswer))
+            }
             Some(i) => ROption::RSome(ServiceObj_TO::from_ptr(
                 RArc::new(HostService {
                     conn: self.conn.clone(),
@@ -299,6 +369,9 @@ impl ServiceObj for HostService {
             name: self.decl.name.to_string(),
             method: method.to_string(),
             args: args.to_string(),
+            scope: None,
+            fds: CallFds::default(),
+            within: Within::current(),
         };
         let gone = || {
             RResult::RErr(RError::from(WireError::new(

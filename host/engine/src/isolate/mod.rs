@@ -29,10 +29,12 @@ use cordis_sdk::abi::{
 };
 
 pub use child::child_main;
-use wire::{CallFds, Conn, Handler, Injected, Msg, Unanswered, WireError};
+use wire::{CallFds, Conn, Handler, Injected, Msg, Unanswered, WireError, Within};
 
 use crate::codes;
 use crate::plan::Planned;
+use crate::scope::{self, Scope};
+use cordis_sdk::host::CurrentCall;
 
 /// The argument the `cordis` binary is re-executed with to become an isolated entry's
 /// process (hidden; it serves the socket on [`CHILD_FD`]).
@@ -293,6 +295,17 @@ impl Isolated {
         )
     }
 
+    /// The calling thread's scope as a request to this entry's process carries it: the call,
+    /// its deadline no later than this entry's `callTimeout` from now.
+    fn crossing(&self) -> Option<(Scope, CurrentCall)> {
+        let scope = scope::current()?;
+        let mut call = scope.current();
+        let deadline = unix_ms(std::time::SystemTime::now() + self.timeout);
+        call.deadline_ms = Some(call.deadline_ms.map_or(deadline, |d| d.min(deadline)));
+        call.crossed = true;
+        Some((scope, call))
+    }
+
     /// The entry's status.
     pub(crate) fn status(&self) -> IsolationStatus {
         let state = lock(&self.state);
@@ -382,8 +395,8 @@ impl Isolated {
         };
         let handler: Arc<Handler> = {
             let isolated = Arc::downgrade(self);
-            Arc::new(move |_conn, msg, _fds| match isolated.upgrade() {
-                Some(isolated) => isolated.serve(msg),
+            Arc::new(move |conn, _id, msg, _fds| match isolated.upgrade() {
+                Some(isolated) => isolated.serve(conn, msg),
                 None => Some(Err(WireError::new(
                     codes::PLUGIN_STOPPED,
                     "the entry was removed",
@@ -416,7 +429,7 @@ impl Isolated {
             injects: self.injects.clone(),
             log_level: log_level(),
         };
-        let applied = match wait(&conn, &msg, &[], Instant::now() + self.timeout, None) {
+        let applied = match wait(&conn, &msg, &[], Instant::now() + self.timeout, None, None) {
             Ok(value) => serde_json::from_value::<Applied>(value)
                 .map_err(|e| fail(format!("its answer to apply is malformed: {e}")))?,
             Err(Waited::Reply(e)) => {
@@ -446,15 +459,37 @@ impl Isolated {
         Ok(applied)
     }
 
-    /// Answers a request from the child: a call of a service it injects, or a log event.
-    fn serve(&self, msg: Msg) -> Option<Result<serde_json::Value, WireError>> {
+    /// Answers a request from the child: a call of a service it injects (in the scope of
+    /// the host's request it names, as the host recorded it; outside any session when it
+    /// names none in flight), or a log event.
+    fn serve(&self, conn: &Conn, msg: Msg) -> Option<Result<serde_json::Value, WireError>> {
         match msg {
-            Msg::Service { name, method, args } => Some(match self.served.get(&name) {
+            Msg::Service {
+                name,
+                method,
+                args,
+                within,
+                ..
+            } => Some(match self.served.get(&name) {
                 None => Err(WireError::new(
                     cordis_sdk::codes::MISSING_SERVICE,
                     format!("service `{name}` is not injected into this entry"),
                 )),
-                Some(service) => wire::answer_service(service, &method, &args),
+                Some(service) => {
+                    let scope = match conn.within(within) {
+                        // The host's own request (apply, dispose, a host command): the
+                        // child acts for the host during it.
+                        Within::Request(None) => None,
+                        Within::Request(Some(scope)) => Some(scope.crossed_from(&self.entry)),
+                        Within::Nothing => Some(Scope::new(CurrentCall {
+                            isolated_caller: Some(self.entry.clone()),
+                            crossed: true,
+                            ..CurrentCall::default()
+                        })),
+                    };
+                    let _entered = scope.map(scope::enter);
+                    wire::answer_service(service, &method, &args)
+                }
             }),
             Msg::Log {
                 level,
@@ -625,11 +660,12 @@ impl Isolated {
         msg: &Msg,
         fds: &[BorrowedFd<'_>],
         cancel: Option<BorrowedFd<'_>>,
+        scope: Option<Scope>,
     ) -> Result<serde_json::Value, WireError> {
         let deadline = Instant::now() + self.timeout;
         let restart_wait = Instant::now() + MAX_BACKOFF + Duration::from_secs(5);
         let (conn, generation, process) = self.running(deadline.min(restart_wait))?;
-        match wait(&conn, msg, fds, deadline, cancel) {
+        match wait(&conn, msg, fds, deadline, cancel, scope) {
             Ok(value) => Ok(value),
             Err(Waited::Reply(e)) => Err(e),
             Err(Waited::Gone) => {
@@ -701,6 +737,7 @@ impl Isolated {
                     &[],
                     Instant::now() + Duration::from_secs(10),
                     None,
+                    None,
                 );
                 running.conn.shutdown();
                 let end = Instant::now() + Duration::from_secs(5);
@@ -729,15 +766,17 @@ enum Waited {
     Cancelled,
 }
 
-/// Sends `msg` and waits for its answer until `deadline`, watching `cancel`.
+/// Sends `msg` (made in `scope`) and waits for its answer until `deadline`, watching
+/// `cancel`.
 fn wait(
     conn: &Conn,
     msg: &Msg,
     fds: &[BorrowedFd<'_>],
     deadline: Instant,
     cancel: Option<BorrowedFd<'_>>,
+    scope: Option<Scope>,
 ) -> Result<serde_json::Value, Waited> {
-    let rx = conn.request(msg, fds).map_err(|u| match u {
+    let rx = conn.request_in(msg, fds, scope).map_err(|u| match u {
         Unanswered::Closed => Waited::Gone,
     })?;
     let mut cancelled_at: Option<Instant> = None;
@@ -850,6 +889,28 @@ fn log_level() -> u8 {
     }
 }
 
+/// The descriptors of `call` that go with a frame (cancel, then progress), and which.
+fn call_fds(call: &CurrentCall) -> (Vec<BorrowedFd<'_>>, CallFds) {
+    // SAFETY: a call's descriptors stay open for the whole call (the front-end keeps
+    // them), and the frame is sent during it.
+    let borrow = |fd: Option<i32>| {
+        fd.filter(|fd| *fd >= 0)
+            .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) })
+    };
+    let (cancel, progress) = (borrow(call.cancel_fd), borrow(call.progress_fd));
+    let which = CallFds {
+        cancel: cancel.is_some(),
+        progress: progress.is_some(),
+    };
+    (cancel.into_iter().chain(progress).collect(), which)
+}
+
+/// Milliseconds since the Unix epoch at `at`.
+fn unix_ms(at: std::time::SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A service of an isolated entry, as the registry holds it.
 #[derive(Clone)]
 struct ServiceProxy {
@@ -863,13 +924,18 @@ impl ServiceObj for ServiceProxy {
     }
 
     fn call(&self, method: RStr<'_>, args: RStr<'_>) -> RResult<RString, RError> {
+        let (scope, call) = self.isolated.crossing().unzip();
+        let (fds, which) = call.as_ref().map(call_fds).unwrap_or_default();
         let msg = Msg::Service {
             name: self.decl.name.to_string(),
             method: method.to_string(),
             args: args.to_string(),
+            scope: call.clone(),
+            fds: which,
+            within: None,
         };
         let what = format!("`{}.{method}`", self.decl.name);
-        wire::service_result(self.isolated.call(&what, &msg, &[], None))
+        wire::service_result(self.isolated.call(&what, &msg, &fds, None, scope))
     }
 }
 
@@ -893,6 +959,7 @@ impl ToolObj for ToolProxy {
         };
         let (cancel, progress) = (fd_of("cancel_fd"), fd_of("progress_fd"));
         let fds: Vec<BorrowedFd<'_>> = cancel.iter().chain(progress.iter()).copied().collect();
+        let crossing = self.isolated.crossing();
         let msg = Msg::Tool {
             tool: self.tool.clone(),
             context: context.to_string(),
@@ -901,9 +968,13 @@ impl ToolObj for ToolProxy {
                 cancel: cancel.is_some(),
                 progress: progress.is_some(),
             },
+            scope: crossing.as_ref().map(|(_, call)| call.clone()),
         };
         let what = format!("a call of tool `{}`", self.tool);
-        match self.isolated.call(&what, &msg, &fds, cancel) {
+        match self
+            .isolated
+            .call(&what, &msg, &fds, cancel, crossing.map(|(scope, _)| scope))
+        {
             Ok(value) => RResult::ROk(ToolOutput {
                 is_error: value["is_error"].as_bool().unwrap_or(false),
                 text: value["text"].as_str().unwrap_or_default().into(),
@@ -928,7 +999,7 @@ impl InstanceObj for InstanceProxy {
         let msg = Msg::Reconfigure {
             config: config.to_string(),
         };
-        match self.isolated.call("a new config", &msg, &[], None) {
+        match self.isolated.call("a new config", &msg, &[], None, None) {
             Ok(v) if v == "applied" => {
                 *lock(&self.isolated.config) = config.to_string();
                 RResult::ROk(Reconfigured::Applied)

@@ -13,11 +13,14 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use abi_stable::std_types::{RResult, RStr, RString};
 use cordis_sdk::abi::{RError, ServiceBox};
+use cordis_sdk::host::CurrentCall;
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::scope::Scope;
 
 /// The largest frame either side accepts (a tool's text result is the big one).
 pub(crate) const MAX_FRAME: usize = 256 << 20;
@@ -39,18 +42,30 @@ pub(crate) enum Msg {
         /// The host's log level (1 = error .. 5 = trace; 0 = off).
         log_level: u8,
     },
-    /// Either way: call `method` of service `name`.
+    /// Either way: call `method` of service `name`. Host → child, `scope` is the call it
+    /// is made for (its descriptors, named by `fds`, come with the frame); child → host,
+    /// `within` names the host's request the child is answering when it calls (the host
+    /// answers in that request's scope, never in one the child claims).
     Service {
         name: String,
         method: String,
         args: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scope: Option<CurrentCall>,
+        #[serde(default)]
+        fds: CallFds,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        within: Option<u64>,
     },
-    /// Host → child: run tool `tool`; `fds` names which descriptors came with the frame.
+    /// Host → child: run tool `tool` in `scope`; `fds` names which descriptors came with
+    /// the frame.
     Tool {
         tool: String,
         context: String,
         args: String,
         fds: CallFds,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scope: Option<CurrentCall>,
     },
     /// Host → child: offer a new config in place.
     Reconfigure { config: String },
@@ -68,7 +83,7 @@ pub(crate) enum Msg {
     },
 }
 
-/// Which of a call's descriptors travel with a `Tool` frame, in this order.
+/// Which of a call's descriptors travel with a `Tool` or `Service` frame, in this order.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct CallFds {
     pub cancel: bool,
@@ -158,11 +173,25 @@ pub(crate) enum Unanswered {
     Closed,
 }
 
-/// Handles a request from the other side: its reply, or `None` for a message that takes
-/// none (a log event).
-pub(crate) type Handler = dyn Fn(&Arc<Conn>, Msg, Vec<OwnedFd>) -> Option<Result<serde_json::Value, WireError>>
+/// Handles request `id` from the other side: its reply, or `None` for a message that
+/// takes none (a log event).
+pub(crate) type Handler = dyn Fn(&Arc<Conn>, u64, Msg, Vec<OwnedFd>) -> Option<Result<serde_json::Value, WireError>>
     + Send
     + Sync;
+
+/// A request in flight: who waits for its answer, and the scope it was sent in.
+struct Pending {
+    waiter: Sender<Answer>,
+    scope: Option<Scope>,
+}
+
+/// Where a request of the other side was made, as this side recorded it.
+pub(crate) enum Within {
+    /// During this side's request, sent in this scope (`None`: outside any call).
+    Request(Option<Scope>),
+    /// During no request of this side's in flight.
+    Nothing,
+}
 
 /// A reply: the result, or the other side's error.
 pub(crate) type Answer = Result<serde_json::Value, WireError>;
@@ -171,8 +200,9 @@ pub(crate) type Answer = Result<serde_json::Value, WireError>;
 pub(crate) struct Conn {
     writer: Mutex<UnixStream>,
     next: AtomicU64,
-    /// The waiter of each request in flight; `None` once the connection closed.
-    pending: Mutex<Option<HashMap<u64, Sender<Answer>>>>,
+    /// The waiter of each request in flight, with the scope it was sent in (`None`: sent
+    /// by the host itself, outside any call); `None` once the connection closed.
+    pending: Mutex<Option<HashMap<u64, Pending>>>,
 }
 
 impl Conn {
@@ -211,14 +241,14 @@ impl Conn {
                     let waiter = lock(&self.pending)
                         .as_mut()
                         .and_then(|p| p.remove(&frame.id));
-                    if let Some(waiter) = waiter {
-                        let _ = waiter.send(result);
+                    if let Some(pending) = waiter {
+                        let _ = pending.waiter.send(result);
                     }
                 }
                 msg => {
                     let (conn, handler, id) = (self.clone(), handler.clone(), frame.id);
                     let job: Job = Box::new(move || {
-                        if let Some(result) = handler(&conn, msg, fds) {
+                        if let Some(result) = handler(&conn, id, msg, fds) {
                             let _ = conn.send(id, &Msg::Reply { result }, &[]);
                         }
                     });
@@ -251,11 +281,22 @@ impl Conn {
         msg: &Msg,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Receiver<Answer>, Unanswered> {
+        self.request_in(msg, fds, None)
+    }
+
+    /// Sends a request made in `scope`, which the other side's calls during it are
+    /// answered in ([`Conn::within`]).
+    pub(crate) fn request_in(
+        &self,
+        msg: &Msg,
+        fds: &[BorrowedFd<'_>],
+        scope: Option<Scope>,
+    ) -> Result<Receiver<Answer>, Unanswered> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
         match lock(&self.pending).as_mut() {
             Some(pending) => {
-                pending.insert(id, tx);
+                pending.insert(id, Pending { waiter: tx, scope });
             }
             None => return Err(Unanswered::Closed),
         }
@@ -306,6 +347,15 @@ impl Conn {
             sent = header.len();
         }
         w.write_all(&body[sent - header.len()..])
+    }
+
+    /// The scope of this side's request `id`, if it is still in flight.
+    pub(crate) fn within(&self, id: Option<u64>) -> Within {
+        let pending = lock(&self.pending);
+        match id.and_then(|id| pending.as_ref()?.get(&id)) {
+            Some(p) => Within::Request(p.scope.clone()),
+            None => Within::Nothing,
+        }
     }
 
     /// Requests in flight.
@@ -434,7 +484,7 @@ mod tests {
     #[test]
     fn requests_cross_both_ways_with_their_descriptors() {
         let (a, b) = UnixStream::pair().unwrap();
-        let echo: Arc<Handler> = Arc::new(|_conn, msg, fds| match msg {
+        let echo: Arc<Handler> = Arc::new(|_conn, _id, msg, fds| match msg {
             Msg::Service { method, args, .. } => Some(Ok(serde_json::json!({
                 "method": method, "args": args, "fds": fds.len(),
             }))),
@@ -456,6 +506,9 @@ mod tests {
                     name: "x".into(),
                     method: "m".into(),
                     args: "a".repeat(100_000),
+                    scope: None,
+                    fds: CallFds::default(),
+                    within: None,
                 },
                 &[r.as_fd()],
             )
@@ -469,6 +522,9 @@ mod tests {
                     name: "y".into(),
                     method: "n".into(),
                     args: String::new(),
+                    scope: None,
+                    fds: CallFds::default(),
+                    within: None,
                 },
                 &[],
             )

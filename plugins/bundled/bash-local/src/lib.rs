@@ -3,7 +3,9 @@
 //! ignores the per-call policy; its capability fact is `sandbox_mode() = None`, so tools
 //! offer no escalation parameters on top of it.
 
-use cordis_sdk::host::ModelContextClient;
+use cordis_sdk::host::{
+    CallContextClient, CallContextService as _, ModelContextClient, CALL_CONTEXT,
+};
 use cordis_sdk::prelude::*;
 use dsh_sandbox::SandboxMode;
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, SHELL};
@@ -22,10 +24,15 @@ pub struct Config {
 
 struct LocalShell {
     env: EnvPolicy,
+    /// The call being served (its descriptors, when the call crossed processes).
+    calls: Option<CallContextClient>,
 }
 
 impl Shell for LocalShell {
-    fn exec(&self, request: ExecRequest) -> Result<ExecResult> {
+    fn exec(&self, mut request: ExecRequest) -> Result<ExecResult> {
+        if let Some(calls) = &self.calls {
+            request.place_descriptors(calls.current(())?.as_ref());
+        }
         dsh_shell_core::run(&request, None, &self.env).map_err(|e| e.into_sdk_error())
     }
 
@@ -48,6 +55,7 @@ impl Plugin for BashLocalPlugin {
             .needs(cordis_sdk::Need::Network)
             .provides::<ShellClient>(SHELL)
             .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
+            .injects_optional::<CallContextClient>(CALL_CONTEXT)
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
@@ -56,7 +64,8 @@ impl Plugin for BashLocalPlugin {
             ENVIRONMENT_CONTEXT,
             ModelContextClient::serve(EnvironmentContext(env.clone())),
         )?;
-        ctx.provide(SHELL, ShellClient::serve(LocalShell { env }))?;
+        let calls = ctx.inject_optional(CALL_CONTEXT)?;
+        ctx.provide(SHELL, ShellClient::serve(LocalShell { env, calls }))?;
         tracing::info!(entry = %ctx.entry_id(), "unconfined shell ready");
         Ok(BashLocalPlugin)
     }

@@ -8,9 +8,10 @@
 //! policy; the sandbox policy comes from `sandboxPolicy`.
 
 use cordis_sdk::host::ModelContextClient;
+use cordis_sdk::host::{CallContextClient, CallContextService as _, CALL_CONTEXT};
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
-    EnforcedFamily, ResolveArgs, SandboxMode, SandboxPolicy, SandboxPolicyClient, SANDBOX_POLICY,
+    EnforcedFamily, SandboxMode, SandboxPolicy, SandboxPolicyClient, SANDBOX_POLICY,
 };
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, SHELL};
 use dsh_shell_core::env::{EnvironmentContext, ENVIRONMENT_CONTEXT};
@@ -29,15 +30,16 @@ pub struct Config {
 
 struct SandboxedShell {
     policy: SandboxPolicyClient,
+    calls: CallContextClient,
     env: EnvPolicy,
 }
 
 impl Shell for SandboxedShell {
     fn exec(&self, mut request: ExecRequest) -> Result<ExecResult> {
-        let policy = match request.policy.take() {
-            Some(policy) => policy,
-            None => self.policy.resolve(ResolveArgs::default())?,
-        };
+        let current = self.calls.current(())?;
+        request.place_descriptors(current.as_ref());
+        let policy =
+            dsh_sandbox::policy_for_call(&self.policy, current.as_ref(), request.policy.take())?;
         let confinement =
             Confinement::prepare(&policy).map_err(|e| RunError::from(e).into_sdk_error())?;
         let mut result = run(&request, confinement, &self.env).map_err(RunError::into_sdk_error)?;
@@ -66,10 +68,12 @@ impl Plugin for BashSandboxPlugin {
             .provides::<ShellClient>(SHELL)
             .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
+            .injects::<CallContextClient>(CALL_CONTEXT)
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
         let policy: SandboxPolicyClient = ctx.inject(SANDBOX_POLICY)?;
+        let calls: CallContextClient = ctx.inject(CALL_CONTEXT)?;
         let token = policy.register_enforced_family(EnforcedFamily::Bash)?;
         let registry = policy.clone();
         ctx.on_dispose(move || {
@@ -82,7 +86,10 @@ impl Plugin for BashSandboxPlugin {
             ENVIRONMENT_CONTEXT,
             ModelContextClient::serve(EnvironmentContext(env.clone())),
         )?;
-        ctx.provide(SHELL, ShellClient::serve(SandboxedShell { policy, env }))?;
+        ctx.provide(
+            SHELL,
+            ShellClient::serve(SandboxedShell { policy, calls, env }),
+        )?;
         tracing::info!(entry = %ctx.entry_id(), "confined shell ready");
         Ok(BashSandboxPlugin)
     }

@@ -14,6 +14,7 @@
 
 use std::path::PathBuf;
 
+use cordis_sdk::host::{CallContextClient, CallContextService as _, CALL_CONTEXT};
 use cordis_sdk::prelude::*;
 use dsh_fs_api::{
     EditText, Edited, FileSystem, FsClient, Lines, ListDir, Listing, ReadLines, Stat, WriteText,
@@ -21,8 +22,8 @@ use dsh_fs_api::{
 };
 use dsh_fs_core::{fenced_target, Parents, PathLocks, ReadDeny};
 use dsh_sandbox::{
-    EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
-    SandboxPolicyClient, SANDBOX_POLICY,
+    EnforcedFamily, SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient,
+    SANDBOX_POLICY,
 };
 
 /// The config under `config:` in `cordis.yml`: none; the policy comes from `sandboxPolicy`.
@@ -32,27 +33,33 @@ pub struct Config {}
 
 struct FencedFs {
     policy: SandboxPolicyClient,
+    calls: CallContextClient,
     locks: PathLocks,
 }
 
 impl FencedFs {
+    /// The policy of this call: the caller's, or resolved here (see
+    /// [`dsh_sandbox::policy_for_call`]: a caller in an isolated process is not trusted
+    /// with it).
     fn policy_for(
         &self,
         per_call: Option<SandboxExecutionPolicy>,
     ) -> Result<SandboxExecutionPolicy> {
-        match per_call {
-            Some(p) => Ok(p),
-            None => self.policy.resolve(ResolveArgs::default()).map_err(|e| {
-                Error::new(
-                    e.code.clone(),
-                    format!(
-                        "cannot resolve the deployment sandbox policy: {}",
-                        e.message
-                    ),
-                )
-                .with_help("check the `dsh-sandbox-policy` entry in cordis.yml")
-            }),
-        }
+        let current = self.calls.current(())?;
+        dsh_sandbox::policy_for_call(&self.policy, current.as_ref(), per_call).map_err(|e| {
+            Error::new(
+                e.code.clone(),
+                format!(
+                    "cannot resolve the sandbox policy of this call: {}",
+                    e.message
+                ),
+            )
+            .with_help(
+                e.help
+                    .clone()
+                    .unwrap_or_else(|| "check the `dsh-sandbox-policy` entry in cordis.yml".into()),
+            )
+        })
     }
 }
 
@@ -112,10 +119,12 @@ impl Plugin for FsSandboxPlugin {
             .needs(cordis_sdk::Need::WriteFiles)
             .provides::<FsClient>(FS)
             .injects::<SandboxPolicyClient>(SANDBOX_POLICY)
+            .injects::<CallContextClient>(CALL_CONTEXT)
     }
 
     fn apply(ctx: &mut Context<'_>, _config: Config) -> Result<Self> {
         let policy: SandboxPolicyClient = ctx.inject(SANDBOX_POLICY)?;
+        let calls: CallContextClient = ctx.inject(CALL_CONTEXT)?;
         let token = policy.register_enforced_family(EnforcedFamily::Filesystem)?;
         let withdraw = policy.clone();
         ctx.on_dispose(move || {
@@ -127,6 +136,7 @@ impl Plugin for FsSandboxPlugin {
             FS,
             FsClient::serve(FencedFs {
                 policy,
+                calls,
                 locks: PathLocks::default(),
             }),
         )?;

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use cordis_sdk::host::{
-    Composition, CompositionClient, EventQuery, ModelContext, ModelContextClient, NewEvent,
-    Sessions, SessionsClient, COMPOSITION, SESSIONS,
+    CallContextClient, CallContextService as _, Composition, CompositionClient, CurrentCall,
+    EventQuery, ModelContext, ModelContextClient, NewEvent, Sessions, SessionsClient, CALL_CONTEXT,
+    COMPOSITION, SESSIONS,
 };
 use cordis_sdk::prelude::*;
 use dsh_sandbox::{
@@ -228,6 +229,8 @@ struct Families {
 
 struct Policy {
     sessions: SessionsClient,
+    /// The call being served, as the host set it: whose session to resolve.
+    calls: CallContextClient,
     composition: Option<CompositionClient>,
     default_mode: SandboxMode,
     workspace_root: PathBuf,
@@ -302,9 +305,12 @@ impl Policy {
 
 impl SandboxPolicy for PolicyHandle {
     fn resolve(&self, args: ResolveArgs) -> Result<SandboxExecutionPolicy> {
-        let Some(id) = args.session else {
+        let current = self.calls.current(())?;
+        let session = calling_session(current.as_ref(), args.session)?;
+        let Some(id) = session else {
+            let mode = approved_mode(current.as_ref(), args.mode, self.default_mode)?;
             return self.policy(
-                args.mode.unwrap_or(self.default_mode),
+                mode.unwrap_or(self.default_mode),
                 (self.workspace_root.clone(), self.workspace_root_id),
             );
         };
@@ -314,9 +320,10 @@ impl SandboxPolicy for PolicyHandle {
             .map_err(|e| session_error(&id, e))?;
         // The log is checked even when a mode is approved for this call: a forged log is
         // reported, never silently bypassed.
-        let logged = self.session_mode(&id)?;
+        let standing = self.session_mode(&id)?.unwrap_or(self.default_mode);
+        let mode = approved_mode(current.as_ref(), args.mode, standing)?;
         let root = pinned_root(&id, &info)?;
-        self.policy(args.mode.or(logged).unwrap_or(self.default_mode), root)
+        self.policy(mode.unwrap_or(standing), root)
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {
@@ -328,7 +335,8 @@ impl SandboxPolicy for PolicyHandle {
     }
 
     fn set_sandbox_mode(&self, args: SetModeArgs) -> Result<u64> {
-        let id = args.session;
+        let current = self.calls.current(())?;
+        let id = calling_session(current.as_ref(), Some(args.session))?.unwrap_or_default();
         self.sessions
             .append(NewEvent {
                 session: id.clone(),
@@ -375,6 +383,53 @@ impl SandboxPolicy for PolicyHandle {
         })?;
         Ok(dsh_sandbox::policy_text(&policy))
     }
+}
+
+/// The session a `resolve` is for: the calling one where the host set a call context (a
+/// session named in the arguments must be that one), else the one named.
+fn calling_session(current: Option<&CurrentCall>, named: Option<String>) -> Result<Option<String>> {
+    let Some(call) = current else {
+        return Ok(named);
+    };
+    match named {
+        None => Ok(call.session.clone()),
+        Some(id) if call.session.as_deref() == Some(id.as_str()) => Ok(Some(id)),
+        Some(id) => Err(Error::new(
+            cordis_sdk::host::codes::SESSION_NOT_CALLING,
+            format!(
+                "the policy of session `{id}` was asked for during a call {}",
+                match &call.session {
+                    Some(s) => format!("of session `{s}`"),
+                    None => "outside any session".to_string(),
+                }
+            ),
+        )
+        .with_help("resolve the calling session's policy: leave `session` out, the host knows it")),
+    }
+}
+
+/// The mode asked for one call, checked: from a caller in an isolated process, a mode wider
+/// than `standing` only when a person approved it for this call (the host recorded it).
+fn approved_mode(
+    current: Option<&CurrentCall>,
+    asked: Option<SandboxMode>,
+    standing: SandboxMode,
+) -> Result<Option<SandboxMode>> {
+    let (Some(call), Some(mode)) = (current, asked) else {
+        return Ok(asked);
+    };
+    let approved = call.approved_modes.iter().any(|m| m == mode.as_str());
+    if call.isolated_caller.is_some() && mode.is_wider_than(standing) && !approved {
+        return Err(Error::new(
+            codes::SANDBOX_NOT_APPROVED,
+            format!(
+                "isolated entry `{}` asked for mode {mode} (the session's is {standing}) without a person's approval for this call",
+                call.isolated_caller.as_deref().unwrap_or_default()
+            ),
+        )
+        .with_help("a wider mode for one call needs the host's approval flow (`approval` with the mode asked for) first"));
+    }
+    Ok(Some(mode))
 }
 
 /// The session's root, checked to still be the directory the session was created in: the
@@ -451,11 +506,13 @@ impl Plugin for SandboxPolicyPlugin {
             .provides::<SandboxPolicyClient>(SANDBOX_POLICY)
             .provides::<ModelContextClient>(POLICY_CONTEXT)
             .injects::<SessionsClient>(SESSIONS)
+            .injects::<CallContextClient>(CALL_CONTEXT)
             .injects_optional::<CompositionClient>(COMPOSITION)
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
         let sessions: SessionsClient = ctx.inject(SESSIONS)?;
+        let calls: CallContextClient = ctx.inject(CALL_CONTEXT)?;
         let configured = match config.workspace_root {
             Some(root) => root,
             None => std::env::current_dir().map_err(|e| {
@@ -522,6 +579,7 @@ impl Plugin for SandboxPolicyPlugin {
         }
         let policy = Policy {
             sessions,
+            calls,
             composition,
             default_mode,
             workspace_root: workspace_root.clone(),

@@ -301,6 +301,7 @@ impl EscalationApprover for ApprovalAdapter<'_> {
             ),
             detail: ask.detail.to_string(),
             justification: ask.justification.to_string(),
+            mode: Some(ask.requested.as_str().to_string()),
         };
         match self.client.request(request) {
             Ok(ApprovalOutcome::Approved) => ApproverDecision::Approved,

@@ -587,7 +587,9 @@ pub enum EnforcedFamily {
 /// Arguments of `resolve`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResolveArgs {
-    /// The calling session, if any.
+    /// The calling session, if any. Where the host set a call context (the host's
+    /// `callContext` service), the session is the calling one: `None` means that one, and
+    /// naming another is refused (`SESSION_NOT_CALLING`).
     pub session: Option<String>,
     /// An explicitly approved mode for this one call.
     pub mode: Option<SandboxMode>,
@@ -620,6 +622,35 @@ pub mod codes {
         SANDBOX_BAD_PATH;
         /// The host's state directory lies inside a writable root.
         SANDBOX_STATE_DIR_WRITABLE;
+        /// A call that came from an isolated entry asked for a mode wider than its
+        /// session's, and no person approved that mode for the call (through the host's
+        /// `approval` service).
+        SANDBOX_NOT_APPROVED;
+    }
+}
+
+/// The policy a backend enforces for one call, given the policy its caller resolved
+/// (`fs`'s and the shell's `policy` argument) and the call as the host set it
+/// ([`cordis_sdk::host::CurrentCall`], from the host's `callContext` service).
+///
+/// The rule: a caller in this process resolved the policy through the policy owner and is
+/// trusted like the host, so its policy is used as given. A caller in an isolated process
+/// (`isolated_caller`) could send any policy, so the backend resolves it itself for the
+/// calling session, keeping only the mode the caller asked for — which the policy owner
+/// grants only when it is no wider than the session's or a person approved it for this
+/// call. Without a caller's policy, the calling session's (or, outside any session, the
+/// deployment default).
+pub fn policy_for_call(
+    policy: &SandboxPolicyClient,
+    current: Option<&cordis_sdk::host::CurrentCall>,
+    supplied: Option<SandboxExecutionPolicy>,
+) -> cordis_sdk::Result<SandboxExecutionPolicy> {
+    match supplied {
+        Some(p) if current.is_none_or(|c| c.isolated_caller.is_none()) => Ok(p),
+        supplied => policy.resolve(ResolveArgs {
+            session: None,
+            mode: supplied.map(|p| p.mode),
+        }),
     }
 }
 

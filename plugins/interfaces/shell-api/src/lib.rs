@@ -106,6 +106,18 @@ pub struct ExecRequest {
     pub progress_fd: Option<i32>,
 }
 
+impl ExecRequest {
+    /// Takes the call's descriptors from the call as the host set it when the call came
+    /// from another process (`crossed`: the numbers in the request are that process's, not
+    /// this one's); a caller in this process keeps its own.
+    pub fn place_descriptors(&mut self, current: Option<&cordis_sdk::host::CurrentCall>) {
+        if let Some(call) = current.filter(|c| c.crossed) {
+            self.cancel_fd = call.cancel_fd;
+            self.progress_fd = call.progress_fd;
+        }
+    }
+}
+
 /// How a command ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecResult {
