@@ -241,12 +241,14 @@ struct Outcome {
 }
 
 /// The load: `readers` clients making `reads` reads each, `bashers` bash clients until
-/// then, and the library `reload.1` replaced by a copy of `reload.0` every second.
+/// then (as fast as they can, or together at `bash_rate` calls per second), and the
+/// library `reload.1` replaced by a copy of `reload.0` every second.
 fn load(
     server: &Server,
     (readers, reads, bashers): (usize, usize, usize),
     reload: Option<(&std::path::Path, &std::path::Path)>,
     protocol: Protocol,
+    bash_rate: Option<f64>,
 ) -> Outcome {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -305,7 +307,13 @@ fn load(
                 tokio::spawn(async move {
                     let args = serde_json::json!({ "command": "echo hi" });
                     let mut samples = Vec::new();
+                    let every = bash_rate.map(|r| Duration::from_secs_f64(bashers as f64 / r));
+                    let mut next = tokio::time::Instant::now();
                     while !done.load(Ordering::SeqCst) {
+                        if let Some(every) = every {
+                            next += every;
+                            tokio::time::sleep_until(next).await;
+                        }
                         let t = Instant::now();
                         if !c.call("bash", &args).await {
                             failures.fetch_add(1, Ordering::SeqCst);
@@ -390,7 +398,86 @@ fn report(what: &str, outcome: Outcome, baselines: &[(&str, f64)]) -> f64 {
     p50
 }
 
+/// `cargo bench -p cordis-e2e --bench http [-- reads|shell]`: the named parts, or both.
 fn main() {
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let parts: [(&str, fn()); 2] = [("reads", reads), ("shell", shell_beside_reads)];
+    for (name, part) in parts {
+        if wanted.is_empty() || wanted.iter().any(|w| w == name) {
+            part();
+        }
+    }
+}
+
+/// The `bash` clients' rate, all together, when reads are compared with and without
+/// them: one both layouts reach here (at 80, the isolated shell's clients fell short).
+const BASH_RATE: f64 = 60.0;
+
+/// What commands cost the reads beside them: 64 read clients alone, then with 8 `bash`
+/// clients at [`BASH_RATE`] calls per second in total, the shell isolated (the bundled
+/// composition: each command's supervisor forks the shell's small process) and in the
+/// host's process (each command forks the host).
+fn shell_beside_reads() {
+    let bundled = Scratch::with_bundled_manifest();
+    let in_process = Scratch::with_bundled_manifest();
+    let manifest = std::fs::read_to_string(bundled.path().join("cordis.yml")).expect("manifest");
+    assert!(
+        manifest.contains("  isolate: process\n"),
+        "the bundled shell is isolated"
+    );
+    in_process.write("cordis.yml", &manifest.replace("  isolate: process\n", ""));
+    for s in [&bundled, &in_process] {
+        s.write("data.txt", &"0123456789abcdef".repeat(256));
+    }
+    let per_second = |o: &Outcome| o.reads.len() as f64 / o.wall.as_secs_f64();
+    let alone = load(
+        &Server::start(&bundled, &["--no-watch"]),
+        (READ_CLIENTS, READS, 0),
+        None,
+        Protocol::Session,
+        None,
+    );
+    let alone_rate = per_second(&alone);
+    let alone_p50 = report(
+        &format!("HTTP, {READ_CLIENTS} clients x {READS} reads, no bash"),
+        alone,
+        &[],
+    );
+    for (what, s) in [
+        ("the shell isolated (bundled)", &bundled),
+        ("the shell in the host's process", &in_process),
+    ] {
+        let outcome = load(
+            &Server::start(s, &["--no-watch"]),
+            (READ_CLIENTS, READS, BASH_CLIENTS),
+            None,
+            Protocol::Session,
+            Some(BASH_RATE),
+        );
+        let (rate, bash_rate) = (
+            per_second(&outcome),
+            outcome.bash.len() as f64 / outcome.wall.as_secs_f64(),
+        );
+        report(
+            &format!(
+                "HTTP, {READ_CLIENTS} clients x {READS} reads + {BASH_CLIENTS} bash clients at {BASH_RATE} calls/s, {what}"
+            ),
+            outcome,
+            &[("reads alone", alone_p50)],
+        );
+        println!(
+            "  reads/s {rate:.0} against {alone_rate:.0} alone: ratio {:.3}; bash reached {bash_rate:.1} calls/s",
+            rate / alone_rate
+        );
+    }
+}
+
+/// The read loads: stdio and HTTP baselines, many clients, the stateless protocol, reads
+/// beside unpaced `bash` clients, and a hot reload under load.
+fn reads() {
     let s = Scratch::with_bundled_manifest();
     s.write("data.txt", &"0123456789abcdef".repeat(256));
     let read_args = serde_json::json!({ "path": "data.txt" });
@@ -408,7 +495,7 @@ fn main() {
 
     // Each load on a fresh server, so its memory per session is its own.
     let fresh = || Server::start(&s, &["--no-watch"]);
-    let alone = load(&fresh(), (1, STDIO_READS, 0), None, Protocol::Session);
+    let alone = load(&fresh(), (1, STDIO_READS, 0), None, Protocol::Session, None);
     let http_p50 = report(
         "HTTP, one client (the same reads)",
         alone,
@@ -418,14 +505,26 @@ fn main() {
         ("stdio, one client", stdio_p50),
         ("HTTP, one client", http_p50),
     ];
-    let reads_only = load(&fresh(), (READ_CLIENTS, READS, 0), None, Protocol::Session);
+    let reads_only = load(
+        &fresh(),
+        (READ_CLIENTS, READS, 0),
+        None,
+        Protocol::Session,
+        None,
+    );
     let many_p50 = report(
         &format!("HTTP, {READ_CLIENTS} clients x {READS} reads, no bash"),
         reads_only,
         &baselines,
     );
     // The stateless protocol against the session protocol, in this run.
-    let stateless_alone = load(&fresh(), (1, STDIO_READS, 0), None, Protocol::Stateless);
+    let stateless_alone = load(
+        &fresh(),
+        (1, STDIO_READS, 0),
+        None,
+        Protocol::Stateless,
+        None,
+    );
     report(
         "HTTP stateless (2026-07-28), one client (the same reads)",
         stateless_alone,
@@ -439,6 +538,7 @@ fn main() {
         (READ_CLIENTS, READS, 0),
         None,
         Protocol::Stateless,
+        None,
     );
     report(
         &format!("HTTP stateless (2026-07-28), {READ_CLIENTS} clients x {READS} reads"),
@@ -450,6 +550,7 @@ fn main() {
         (READ_CLIENTS, READS, BASH_CLIENTS),
         None,
         Protocol::Session,
+        None,
     );
     report(
         &format!("HTTP, {READ_CLIENTS} clients x {READS} reads + {BASH_CLIENTS} bash clients"),
@@ -471,6 +572,7 @@ fn main() {
         (READ_CLIENTS, READS, BASH_CLIENTS),
         Some((&source, &target)),
         Protocol::Session,
+        None,
     );
     drop(server);
     report(

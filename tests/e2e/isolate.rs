@@ -276,13 +276,22 @@ fn malformed_isolation_keys_are_refused_by_check() {
     s.manifest(
         "- name: fixture-crashy\n  isolate: thread\n\
          - name: cordis-example\n  callTimeout: 5s\n\
-         - name: fixture-greeter-consumer\n  isolate: process\n  callTimeout: soon\n",
+         - name: fixture-greeter-consumer\n  isolate: process\n  callTimeout: soon\n\
+         - name: fixture-reload\n  memoryMib: 64\n\
+         - name: fixture-greeter-v2\n  isolate: process\n  memoryMib: 8\n",
     );
     s.run(&["check"]).expect_code(1).expect_output(&[
         "`isolate` must be `process` or `none`, found `thread`",
         "`callTimeout` applies only to an entry with `isolate: process`",
         "`soon` is not a duration",
+        "`memoryMib` applies only to an entry with `isolate: process`",
+        "`memoryMib` must be a whole number of MiB, at least 16, found 8",
     ]);
+    // A good one is shown.
+    s.manifest("- name: fixture-crashy\n  isolate: process\n  memoryMib: 256\n");
+    s.run(&["check"])
+        .expect_code(0)
+        .expect_output(&["isolated in its own process (callTimeout 900s; memory 256 MiB; "]);
 }
 
 /// An isolated consumer injects an in-process provider's service (the other direction).
@@ -593,5 +602,106 @@ fn an_isolated_tool_escalates_only_with_an_approval_the_host_saw() {
         std::fs::read_to_string(&outside).expect("written"),
         "escalated\n"
     );
+    rt.shutdown();
+}
+
+/// A leak costs only its entry: with `memoryMib`, an isolated plugin that allocates without
+/// bound ends (SIGABRT, the help naming the limit) and serves again after its restart;
+/// another session's command runs across it.
+#[test]
+fn an_isolated_entry_over_its_memory_limit_ends_and_restarts() {
+    let s = Scratch::new();
+    s.manifest(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+         - name: dsh-bash-sandbox\n- name: dsh-tool-bash\n\
+         - name: fixture-crashy\n  isolate: process\n  memoryMib: 128\n",
+    );
+    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
+    let rt = s.runtime_isolated();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let other = rt.sessions().create(&s.path()).expect("another session");
+    let before = serving_pid(&rt, &session);
+    let shell = {
+        let (rt, other) = (rt.clone(), other.clone());
+        std::thread::spawn(move || {
+            call_in(
+                &rt,
+                &other,
+                "bash",
+                json!({"command": "sleep 1; echo survived"}),
+            )
+        })
+    };
+    let leaked = call_in(&rt, &session, "crash", json!({"how": "alloc"}));
+    assert!(
+        leaked.is_error
+            && leaked.text.contains("[PLUGIN_CRASHED]")
+            && leaked.text.contains("SIGABRT")
+            && leaked
+                .text
+                .contains("may allocate 128 MiB (`memoryMib` at cordis.yml line"),
+        "{}",
+        leaked.text
+    );
+    let bash = shell.join().expect("the shell call");
+    assert!(
+        !bash.is_error && bash.text.contains("survived"),
+        "{}",
+        bash.text
+    );
+    assert_ne!(serving_pid(&rt, &session), before, "a new process serves");
+    rt.shutdown();
+}
+
+/// A plugin that fails at every start is left stopped after 5 failed starts in a row
+/// (`PLUGIN_STOPPED`, saying why) until its config changes; the reload starts it again.
+#[test]
+fn an_entry_failing_every_restart_is_left_stopped_until_its_config_changes() {
+    let s = Scratch::new();
+    let flag = s.path().join("refuse");
+    s.manifest(&format!(
+        "- name: fixture-crashy\n  isolate: process\n  config:\n    refuseStartWhile: {}\n",
+        flag.display()
+    ));
+    let rt = s.runtime_isolated();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    serving_pid(&rt, &session);
+    std::fs::write(&flag, "").expect("flag");
+    let crashed = call_in(&rt, &session, "crash", json!({"how": "exit"}));
+    assert!(
+        crashed.text.contains("[PLUGIN_CRASHED]"),
+        "{}",
+        crashed.text
+    );
+    // Restarts after 0.5, 1, 2, 4 and 8 s each fail; then it is left stopped.
+    let stopped = eventually("the entry is left stopped", Duration::from_secs(40), || {
+        let status = rt
+            .inspect(|c| c.registry().isolation("fixture-crashy"))
+            .expect("isolated");
+        status.stopped.clone().ok_or(format!("{status:?}"))
+    });
+    assert!(
+        stopped.contains("failed to start 5 times in a row")
+            && stopped.contains(&format!("refusing to start while {}", flag.display())),
+        "{stopped}"
+    );
+    let refused = call_in(&rt, &session, "pid", json!({}));
+    assert!(
+        refused.is_error
+            && refused.text.contains("[PLUGIN_STOPPED]")
+            && refused
+                .text
+                .contains("is stopped: it failed to start 5 times"),
+        "{}",
+        refused.text
+    );
+    // The fix: the flag gone and the config changed; the reload starts it again.
+    std::fs::remove_file(&flag).expect("remove flag");
+    s.manifest(&format!(
+        "- name: fixture-crashy\n  isolate: process\n  config:\n    refuseStartWhile: {}\n",
+        s.path().join("absent").display()
+    ));
+    rt.reload().unwrap_or_else(|e| panic!("{e}"));
+    serving_pid(&rt, &session);
     rt.shutdown();
 }

@@ -339,6 +339,7 @@ const ENTRY_KEYS: &[&str] = &[
     "path",
     "isolate",
     "callTimeout",
+    "memoryMib",
 ];
 
 /// Strips an npm-style scope: `@deepseek-ai/dsh-fs-sandbox` → `dsh-fs-sandbox`.
@@ -462,7 +463,12 @@ fn collect_entries(
         let id = str_field("id", diags);
         let name = str_field("name", diags);
         let path = str_field("path", diags).map(PathBuf::from);
-        let isolate = isolation(field("isolate"), field("callTimeout"), diags);
+        let isolate = isolation(
+            field("isolate"),
+            field("callTimeout"),
+            field("memoryMib"),
+            diags,
+        );
         let config = field("config");
         if is_group {
             match config.map(|c| &c.value) {
@@ -555,11 +561,14 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         .ok_or_else(bad)
 }
 
-/// An entry's `isolate` and `callTimeout`: `isolate: process` (the only isolation there
-/// is) and a positive duration; `callTimeout` without `isolate` is a mistake.
+/// An entry's `isolate`, `callTimeout` and `memoryMib`: `isolate: process` (the only
+/// isolation there is), a positive duration and a memory limit of at least
+/// [`crate::isolate::MIN_MEMORY_MIB`]; either of the last two without `isolate` is a
+/// mistake.
 fn isolation(
     isolate: Option<&Node>,
     timeout: Option<&Node>,
+    memory: Option<&Node>,
     diags: &mut Vec<Diagnostic>,
 ) -> Option<crate::isolate::Isolation> {
     let wanted = match isolate.map(|n| (n, &n.value)) {
@@ -587,6 +596,40 @@ fn isolation(
         }
     };
     let mut isolation = crate::isolate::Isolation::default();
+    if let Some(n) = memory {
+        if !wanted {
+            diags.push(
+                Diagnostic::new(
+                    diag::ENTRY_TYPE,
+                    "`memoryMib` applies only to an entry with `isolate: process`",
+                )
+                .at(n.pos)
+                .help("add `isolate: process`, or remove `memoryMib` (an in-process plugin shares the host's memory)"),
+            );
+            return None;
+        }
+        let min = crate::isolate::MIN_MEMORY_MIB;
+        match &n.value {
+            Value::Int(mib) if u64::try_from(*mib).is_ok_and(|m| m >= min) => {
+                isolation.memory_mib = u64::try_from(*mib).ok();
+            }
+            other => {
+                let found = match other {
+                    Value::Int(mib) => mib.to_string(),
+                    _ => n.type_name().to_string(),
+                };
+                diags.push(
+                    Diagnostic::new(
+                        diag::ENTRY_TYPE,
+                        format!("`memoryMib` must be a whole number of MiB, at least {min}, found {found}"),
+                    )
+                    .at(n.pos)
+                    .help("write e.g. `memoryMib: 512`"),
+                );
+                return None;
+            }
+        }
+    }
     if let Some(n) = timeout {
         if !wanted {
             diags.push(

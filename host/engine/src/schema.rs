@@ -408,7 +408,8 @@ pub(crate) fn manifest_schema(plugins: &[Meta]) -> Value {
                 "group": { "type": "boolean", "description": "This entry is a group; `config` is its list of child entries." },
                 "path": { "type": "string", "description": "An explicit library file, relative to cordis.yml." },
                 "isolate": { "enum": ["process", "none"], "description": "`process`: the entry runs in a process of its own, so its crash or hang costs only its own calls (default `none`: in the host's process)." },
-                "callTimeout": { "type": "string", "pattern": "^[0-9]+[smhd]$", "description": "For an isolated entry: the longest one call may take before its process is killed and restarted, e.g. `30s`, `15m` (default 15m)." }
+                "callTimeout": { "type": "string", "pattern": "^[0-9]+[smhd]$", "description": "For an isolated entry: the longest one call may take before its process is killed and restarted, e.g. `30s`, `15m` (default 15m)." },
+                "memoryMib": { "type": "integer", "minimum": 16, "description": "For an isolated entry: the most memory its process may allocate, in MiB (`RLIMIT_DATA`: heap and private mappings; inherited by the processes it starts); an allocation past it ends the process, which restarts (default: no limit)." }
             },
             "additionalProperties": false,
             "allOf": all_of

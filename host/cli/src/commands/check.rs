@@ -69,8 +69,11 @@ pub(crate) fn describe_plan(plan: &Plan) -> String {
         if let Some(isolation) = &p.entry.isolate {
             let _ = writeln!(
                 out,
-                "       isolated in its own process (callTimeout {}s; {})",
+                "       isolated in its own process (callTimeout {}s; {}{})",
                 isolation.call_timeout.as_secs(),
+                isolation
+                    .memory_mib
+                    .map_or(String::new(), |mib| format!("memory {mib} MiB; ")),
                 cordis_engine::confinement_summary(&m.needs)
             );
         }

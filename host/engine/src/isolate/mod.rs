@@ -105,12 +105,18 @@ const MAX_FAILED_STARTS: u32 = 5;
 /// How long a cancelled call may take to stop before its entry's process is killed.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
-/// How an entry is isolated (`isolate: process` and `callTimeout` in `cordis.yml`).
+/// How an entry is isolated (`isolate: process`, `callTimeout` and `memoryMib` in
+/// `cordis.yml`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Isolation {
     /// The longest any one call may take before the entry's process is killed.
     pub call_timeout: Duration,
+    /// The most memory the entry's process may allocate (`RLIMIT_DATA`), in MiB.
+    pub memory_mib: Option<u64>,
 }
+
+/// The smallest `memoryMib`: below it the `cordis` binary itself cannot start.
+pub const MIN_MEMORY_MIB: u64 = 16;
 
 /// The default `callTimeout`: above the longest timeout of the bundled `bash` tool.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
@@ -119,6 +125,7 @@ impl Default for Isolation {
     fn default() -> Self {
         Isolation {
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            memory_mib: None,
         }
     }
 }
@@ -145,6 +152,7 @@ pub(crate) struct Isolated {
     config: Mutex<String>,
     exe: PathBuf,
     timeout: Duration,
+    memory_mib: Option<u64>,
     confinement: Confinement,
     injects: Vec<Injected>,
     served: HashMap<String, ServiceBox>,
@@ -236,6 +244,7 @@ pub(crate) fn apply(
         config: Mutex::new(planned.entry.config.to_string()),
         exe: exe.to_path_buf(),
         timeout: isolation.call_timeout,
+        memory_mib: isolation.memory_mib,
         confinement: Confinement::of(&meta.needs),
         injects,
         served,
@@ -352,9 +361,19 @@ impl Isolated {
             command.env_clear().envs(kept);
         }
         let fd = theirs.as_raw_fd();
+        let memory = self.memory_mib.map(|mib| mib.saturating_mul(1 << 20));
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             command.pre_exec(move || {
+                if let Some(bytes) = memory {
+                    let limit = libc::rlimit {
+                        rlim_cur: bytes,
+                        rlim_max: bytes,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 // A network of its own: an empty namespace (only a loopback, down).
                 if confinement.no_network
                     && libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) != 0
@@ -677,7 +696,10 @@ impl Isolated {
                         "{} crashed during {what}: its process {exit}; the call did not complete",
                         self.what()
                     ),
-                    Some("the entry restarts on its own and other entries are unaffected; retry the call, and if it crashes again, report it to the plugin's author".into()),
+                    Some(match self.memory_mib {
+                        Some(mib) => format!("the entry restarts on its own and other entries are unaffected; retry the call. Its process may allocate {mib} MiB (`memoryMib` at cordis.yml line {}): an allocation past that ends it (SIGABRT), so raise it if the plugin needs more; otherwise report the crash to the plugin's author", self.line),
+                        None => "the entry restarts on its own and other entries are unaffected; retry the call, and if it crashes again, report it to the plugin's author".into(),
+                    }),
                 ))
             }
             Err(Waited::TimedOut) => {
