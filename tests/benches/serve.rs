@@ -87,19 +87,30 @@ fn read_round_trips() {
         100.0 * cp50 / mp50
     );
 
+    // The bundled composition starts the shell's process too; the same with it in-process.
+    let in_process = Scratch::with_bundled_manifest();
+    let manifest = std::fs::read_to_string(s.path().join("cordis.yml")).expect("manifest");
+    in_process.write("cordis.yml", &manifest.replace("  isolate: process\n", ""));
+    in_process.write("data.txt", &"0123456789abcdef".repeat(256));
     let runs = 20;
-    let mut whole = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let t = Instant::now();
-        let run = s.run(&["call", "read", r#"{"path": "data.txt"}"#]);
-        whole.push(t.elapsed().as_nanos() as f64);
-        run.expect_code(0);
-    }
-    let (p50, p99) = summarize(whole);
+    let whole = |s: &Scratch| {
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let t = Instant::now();
+            let run = s.run(&["call", "read", r#"{"path": "data.txt"}"#]);
+            times.push(t.elapsed().as_nanos() as f64);
+            run.expect_code(0);
+        }
+        summarize(times)
+    };
+    let ((p50, max), (lp50, lmax)) = (whole(&s), whole(&in_process));
     println!(
-        "  `cordis call read` whole process ({runs} runs): p50 {}  max {}",
+        "  `cordis call read` whole process ({runs} runs): p50 {}  max {}; with the shell in-process p50 {}  max {}: {:+.2} ms for the shell's process",
         human(p50),
-        human(p99)
+        human(max),
+        human(lp50),
+        human(lmax),
+        (p50 - lp50) / 1e6
     );
 }
 

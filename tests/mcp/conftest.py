@@ -23,7 +23,13 @@ from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextCon
 DENIED = "[sandbox: file access denied under workspace-write mode]"
 
 POLICY = "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n"
-CONFINED = POLICY + "- name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-fs\n- name: dsh-tool-bash\n"
+# As the bundled cordis.yml composes them: the confined shell in a process of its own, so
+# its commands' cancel and progress descriptors cross the isolation wire.
+CONFINED = (
+    POLICY
+    + "- name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n  isolate: process\n"
+    + "- name: dsh-tool-fs\n- name: dsh-tool-bash\n"
+)
 EXAMPLE = "- name: cordis-example\n- name: fixture-faulty\n"
 
 # The two ways a client can connect: the 2026-07-28 per-request envelope (`server/discover`;

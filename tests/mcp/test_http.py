@@ -401,6 +401,38 @@ async def test_annotations_and_structured_content_are_visible(ws: Workspace, ser
         assert r.structured_content is not None and r.structured_content["timed_out"] is True, show(r)
 
 
+async def test_an_isolated_crash_fails_only_the_crashing_call_of_one_client(
+    ws: Workspace, servers: list[HttpServer]
+) -> None:
+    """Two clients of one server: while one runs `bash`, the other's call of an isolated
+    plugin that aborts gets an error result; the `bash` call and both clients' later calls
+    succeed, the plugin on a new process."""
+    ws.manifest(CONFINED + "- name: fixture-crashy\n  isolate: process\n")
+    server = await start(servers, ws)
+    async with connect(server.url) as a, connect(server.url) as b:
+        first = await b.call_tool("pid", {})
+        assert not first.is_error, show(first)
+        running = asyncio.create_task(a.call_tool("bash", {"command": "sleep 1; echo survived"}))
+        await asyncio.sleep(0.3)
+        crashed = await b.call_tool("crash", {"how": "abort"})
+        assert crashed.is_error, show(crashed)
+        assert "[PLUGIN_CRASHED]" in text(crashed) and "SIGABRT" in text(crashed), show(crashed)
+        survived = await running
+        assert not survived.is_error and "survived" in text(survived), show(survived)
+
+        async def serves_again() -> object:
+            r = await b.call_tool("pid", {})
+            return not r.is_error and text(r) != text(first)
+
+        deadline = time.monotonic() + 20
+        while not await serves_again():
+            assert time.monotonic() < deadline, "the isolated entry never served again"
+            await asyncio.sleep(0.2)
+        later = await a.call_tool("bash", {"command": "echo later"})
+        assert not later.is_error and "later" in text(later), show(later)
+    assert server.count(r"isolated entry `fixture-crashy`.*crashed") == 1, server.logged()
+
+
 async def test_progress_notifications_arrive_during_a_five_second_bash(ws: Workspace, servers: list[HttpServer]) -> None:
     ws.manifest(CONFINED)
     server = await start(servers, ws)
