@@ -323,7 +323,7 @@ fn an_isolated_consumer_injects_an_in_process_service() {
 }
 
 /// Over MCP, a real `cordis run` answers the crashing call with an error result and keeps
-/// serving: the entry's next call succeeds on a new process.
+/// serving: the entry's next call succeeds on a new process, which `cordis services` shows.
 #[test]
 fn cordis_run_over_mcp_survives_an_isolated_crash() {
     let s = Scratch::new();
@@ -342,6 +342,25 @@ fn cordis_run_over_mcp_survives_an_isolated_crash() {
         },
     );
     assert_ne!(again, first);
+    // `cordis services` shows the running host's process, restarts and last exit.
+    let want = format!(
+        "isolated: pid {again}, restarts 1, last process was killed by signal 11 (SIGSEGV)"
+    );
+    eventually(
+        "cordis services shows the restart",
+        Duration::from_secs(20),
+        || {
+            let out = s.run(&["services"]);
+            out.expect_code(0);
+            let stdout = out.stdout();
+            let running = &stdout[stdout.find("running:").ok_or_else(|| stdout.clone())?..];
+            if running.contains(&want) {
+                Ok(())
+            } else {
+                Err(running.to_string())
+            }
+        },
+    );
 }
 
 /// An isolated process whose plugin declares no needs writes no file, reaches no network,

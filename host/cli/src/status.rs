@@ -1,7 +1,8 @@
 //! What a running `cordis run` tells other `cordis` processes about itself: a status file
 //! in its runtime directory (`<state dir>/run/<pid>/status.json`), rewritten atomically at
-//! start and after every reload, removed when it stops. `cordis services` reads it to show
-//! the generations a running host is serving.
+//! start, after every reload and when an isolated entry's process changes (a crash, a
+//! restart, left stopped), removed when it stops. `cordis services` reads it to show the
+//! generations a running host is serving and how its isolated entries are doing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,6 +24,22 @@ pub struct EntryStatus {
     pub library: PathBuf,
     /// The library generation it runs on (0: loaded in place, without watching).
     pub generation: u64,
+    /// How it is doing when it runs in a process of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated: Option<IsolatedStatus>,
+}
+
+/// An isolated entry's process, as the host last saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IsolatedStatus {
+    /// The process serving it now (none while it restarts or is stopped).
+    pub pid: Option<u32>,
+    /// How many times it was restarted.
+    pub restarts: u32,
+    /// How its last process ended.
+    pub last_exit: Option<String>,
+    /// Why it is left stopped, when it is.
+    pub stopped: Option<String>,
 }
 
 /// A running host.
@@ -74,7 +91,20 @@ impl HostStatus {
         }
     }
 
+    /// Like [`HostStatus::publish`], only when the entries changed (an isolated entry's
+    /// process came or went).
+    pub fn refresh(&mut self, composition: &Composition, state_dir: &Path) {
+        let before = self.entries.clone();
+        self.update(composition);
+        if self.entries != before {
+            if let Err(e) = self.write(state_dir) {
+                tracing::warn!("cannot write the host status for `cordis services`: {e}");
+            }
+        }
+    }
+
     fn update(&mut self, composition: &Composition) {
+        let registry = composition.registry();
         self.entries = composition
             .plan()
             .entries
@@ -85,6 +115,12 @@ impl HostStatus {
                 version: p.library.meta.version.clone(),
                 library: p.library.path.clone(),
                 generation: p.library.generation,
+                isolated: registry.isolation(&p.entry.id).map(|st| IsolatedStatus {
+                    pid: st.pid,
+                    restarts: st.restarts,
+                    last_exit: st.last_exit,
+                    stopped: st.stopped,
+                }),
             })
             .collect();
     }
@@ -156,6 +192,22 @@ impl std::fmt::Display for HostStatus {
                 e.generation,
                 e.library.display()
             )?;
+            if let Some(st) = &e.isolated {
+                writeln!(
+                    f,
+                    "    isolated: {}, restarts {}{}",
+                    match (&st.stopped, st.pid) {
+                        (Some(why), _) => format!("stopped ({why})"),
+                        (None, Some(pid)) => format!("pid {pid}"),
+                        (None, None) => "restarting".to_string(),
+                    },
+                    st.restarts,
+                    st.last_exit
+                        .as_ref()
+                        .map(|e| format!(", last process {e}"))
+                        .unwrap_or_default()
+                )?;
+            }
         }
         Ok(())
     }

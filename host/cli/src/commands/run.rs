@@ -127,11 +127,43 @@ pub(crate) fn run(
     };
     let mut status = HostStatus::new(&manifest);
     runtime.inspect(|c| status.publish(c, state_dir));
-    let status = Mutex::new(status);
+    // `None` once the host stops serving: nothing writes the status file after that.
+    let status = Arc::new(Mutex::new(Some(status)));
+    let stop_publishing = {
+        let status = status.clone();
+        move || {
+            status.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    };
+    {
+        // An isolated entry's process changes without a reload (a crash, a restart).
+        let (weak, state_dir, status) = (
+            Arc::downgrade(&runtime),
+            state_dir.to_path_buf(),
+            status.clone(),
+        );
+        let _ = std::thread::Builder::new()
+            .name("cordis-status".into())
+            .spawn(move || loop {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                let Some(runtime) = weak.upgrade() else {
+                    return;
+                };
+                let mut status = status.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(status) = status.as_mut() else {
+                    return;
+                };
+                runtime.inspect(|c| status.refresh(c, &state_dir));
+            });
+    }
     let notifier = ToolListNotifier::default();
     {
         let notifier = notifier.clone();
-        let (weak, state_dir) = (Arc::downgrade(&runtime), state_dir.to_path_buf());
+        let (weak, state_dir, status) = (
+            Arc::downgrade(&runtime),
+            state_dir.to_path_buf(),
+            status.clone(),
+        );
         runtime.on_reloaded(move |report| {
             if report.tools_changed {
                 notifier.notify_tools_changed();
@@ -140,8 +172,10 @@ pub(crate) fn run(
                 return;
             };
             let mut status = status.lock().unwrap_or_else(|e| e.into_inner());
-            status.reloads += 1;
-            runtime.inspect(|c| status.publish(c, &state_dir));
+            if let Some(status) = status.as_mut() {
+                status.reloads += 1;
+                runtime.inspect(|c| status.publish(c, &state_dir));
+            }
         });
     }
     let quiet = args.reload_quiet.map_or(Quiet::DEFAULT, |ms| {
@@ -159,6 +193,7 @@ pub(crate) fn run(
         Ok(())
     };
     if let Err(e) = watching() {
+        stop_publishing();
         runtime.shutdown();
         let _ = std::fs::remove_dir_all(&copies_dir);
         return Err(e);
@@ -258,6 +293,7 @@ pub(crate) fn run(
     // only returns at end of input, so a signal would leave the host hanging while the
     // client keeps its end open.
     tokio.shutdown_background();
+    stop_publishing();
     runtime.shutdown();
     let _ = std::fs::remove_dir_all(&copies_dir);
     ended.map(|_| ExitCode::SUCCESS)

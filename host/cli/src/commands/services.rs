@@ -32,18 +32,12 @@ pub(crate) fn describe_registry(registry: &Registry) -> String {
     for (name, s) in &registry.services {
         let who = match (&s.provider, &s.plugin) {
             (Provider::Host, _) => "host".to_string(),
-            (Provider::Entry(id), Some(plugin)) => match registry.isolation(id) {
-                Some(st) => format!(
-                    "entry {id} (plugin {plugin}, isolated: {}, restarts {}{})",
-                    st.pid
-                        .map_or_else(|| "no process now".to_string(), |p| format!("pid {p}")),
-                    st.restarts,
-                    st.last_exit
-                        .map(|e| format!(", last process {e}"))
-                        .unwrap_or_default()
-                ),
-                None => format!("entry {id} (plugin {plugin})"),
-            },
+            // This process's own apply: isolated entries run in processes of their own, but
+            // which, and how they do, is what a running host's status below says.
+            (Provider::Entry(id), Some(plugin)) if registry.isolation(id).is_some() => {
+                format!("entry {id} (plugin {plugin}, isolated)")
+            }
+            (Provider::Entry(id), Some(plugin)) => format!("entry {id} (plugin {plugin})"),
             (Provider::Entry(id), None) => format!("entry {id}"),
         };
         let consumers = if s.consumers.is_empty() {
