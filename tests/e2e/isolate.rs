@@ -363,8 +363,8 @@ fn cordis_run_over_mcp_survives_an_isolated_crash() {
     );
 }
 
-/// An isolated process whose plugin declares no needs writes no file, reaches no network,
-/// does not see the host's secrets and inherits no descriptor of the host's; the same plugin in-process does all three (so the
+/// An isolated process whose plugin declares no needs writes no file, reaches no network
+/// (no TCP, no unix socket of the host's by its path), does not see the host's secrets and inherits no descriptor of the host's; the same plugin in-process does all three (so the
 /// test can fail). A plugin that needs writes (`dsh-fs-sandbox`) keeps them when isolated.
 #[test]
 fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secrets() {
@@ -372,7 +372,17 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
     let port = listener.local_addr().unwrap().port();
     let (inside, s) = (Scratch::new(), Scratch::new());
     let target = s.path().join("planted.txt");
+    // A service of the host's reachable by path (as a container engine's or a desktop
+    // bus's socket is): no network namespace keeps a connection to it out.
+    let socket = s.path().join("service.sock");
+    let _service = std::os::unix::net::UnixListener::bind(&socket).expect("bind a unix socket");
     let probe = |rt: &Runtime, session: &SessionInfo| {
+        let unix = call_in(
+            rt,
+            session,
+            "unix",
+            json!({"path": socket.display().to_string()}),
+        );
         (
             call_in(
                 rt,
@@ -380,7 +390,10 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
                 "touch",
                 json!({"path": target.display().to_string()}),
             ),
-            call_in(rt, session, "connect", json!({ "port": port })),
+            (
+                call_in(rt, session, "connect", json!({ "port": port })),
+                unix,
+            ),
             // Set in the test's (the host's) environment by the test runner.
             call_in(rt, session, "env", json!({"name": "CARGO_MANIFEST_DIR"})),
         )
@@ -389,11 +402,15 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
     inside.manifest("- name: fixture-crashy\n");
     let rt = inside.runtime_isolated();
     let session = rt.sessions().create(&inside.path()).expect("session");
-    let (touched, connected, secret) = probe(&rt, &session);
+    let (touched, (connected, unix), secret) = probe(&rt, &session);
     assert_eq!(touched.text, "written", "in-process, the plugin writes");
     assert_eq!(
         connected.text, "connected",
         "in-process, the plugin connects"
+    );
+    assert_eq!(
+        unix.text, "connected",
+        "in-process, the plugin reaches the socket"
     );
     assert_eq!(secret.text, env!("CARGO_MANIFEST_DIR"));
     // A descriptor the host holds without close-on-exec (as a careless plugin could).
@@ -416,11 +433,11 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
          - name: dsh-fs-sandbox\n  isolate: process\n- name: dsh-tool-fs\n  isolate: process\n",
     );
     s.run(&["check"]).expect_code(0).expect_output(&[
-        "isolated in its own process (callTimeout 900s; no file writes, no network, a scrubbed environment)",
+        "isolated in its own process (callTimeout 900s; no file writes, no network, no access to other processes, a scrubbed environment)",
     ]);
     let rt = s.runtime_isolated();
     let session = rt.sessions().create(&s.path()).expect("session");
-    let (touched, connected, secret) = probe(&rt, &session);
+    let (touched, (connected, unix), secret) = probe(&rt, &session);
     assert!(
         touched.is_error && touched.text.contains("Permission denied"),
         "{}",
@@ -428,6 +445,11 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
     );
     assert!(!target.exists());
     assert!(connected.is_error, "{}", connected.text);
+    assert!(
+        unix.is_error && unix.text.contains("Permission denied"),
+        "{}",
+        unix.text
+    );
     assert_eq!(secret.text, "<unset>");
     let open_there: Vec<i32> =
         serde_json::from_str(&call_in(&rt, &session, "fds", json!({})).text).expect("a list");

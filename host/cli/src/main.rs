@@ -100,12 +100,24 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(cordis_engine::ISOLATED_CHILD_ARG.as_ref()) {
         // An isolated entry's process, started by a host (hidden; see `isolate:`). It is
         // confined before it loads anything, while it has a single thread.
-        let no_writes = std::env::args_os().any(|a| a == cordis_engine::ISOLATED_NO_WRITES_ARG);
-        if no_writes {
-            if let Err(e) = cordis_cli::isolated::forbid_writes() {
-                eprintln!("error: the isolated process cannot be confined: {e}; it does not run");
-                return ExitCode::from(70);
+        let has = |arg: &str| std::env::args_os().any(|a| a == arg);
+        let (no_writes, no_network, no_tracing) = (
+            has(cordis_engine::ISOLATED_NO_WRITES_ARG),
+            has(cordis_engine::ISOLATED_NO_NETWORK_ARG),
+            has(cordis_engine::ISOLATED_NO_TRACING_ARG),
+        );
+        let confined = (|| {
+            if no_writes {
+                cordis_cli::isolated::forbid_writes()?;
             }
+            if no_tracing || no_network {
+                cordis_cli::isolated::confine_syscalls(no_network)?;
+            }
+            Ok::<(), String>(())
+        })();
+        if let Err(e) = confined {
+            eprintln!("error: the isolated process cannot be confined: {e}; it does not run");
+            return ExitCode::from(70);
         }
         cordis_engine::isolated_child_main();
     }

@@ -35,7 +35,9 @@ pub use crate::diag::{
 pub use crate::host_services::HostServices;
 pub use crate::isolate::{
     child_main as isolated_child_main, confinement_summary, Isolation, IsolationStatus,
-    CHILD_ARG as ISOLATED_CHILD_ARG, DEFAULT_CALL_TIMEOUT, NO_WRITES_ARG as ISOLATED_NO_WRITES_ARG,
+    CHILD_ARG as ISOLATED_CHILD_ARG, DEFAULT_CALL_TIMEOUT,
+    NO_NETWORK_ARG as ISOLATED_NO_NETWORK_ARG, NO_TRACING_ARG as ISOLATED_NO_TRACING_ARG,
+    NO_WRITES_ARG as ISOLATED_NO_WRITES_ARG,
 };
 pub use crate::loader::{
     library_file_name, sdk_version, user_plugin_dir, Copies, Library, LoadError, Meta, SearchPath,

@@ -47,6 +47,14 @@ const CHILD_FD: RawFd = 3;
 /// `cordis` binary applies it before it serves the socket).
 pub const NO_WRITES_ARG: &str = "--no-writes";
 
+/// The argument after which the child creates no unix socket (seccomp; a network namespace
+/// does not keep a pathname socket of the host's out).
+pub const NO_NETWORK_ARG: &str = "--no-network";
+
+/// The argument after which the child reaches into no other process (seccomp: `ptrace`,
+/// `process_vm_readv`, `process_vm_writev`).
+pub const NO_TRACING_ARG: &str = "--no-tracing";
+
 /// The environment a confined isolated process keeps; everything else (tokens, keys) is
 /// dropped.
 const KEPT_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE"];
@@ -60,6 +68,8 @@ struct Confinement {
     no_writes: bool,
     /// Only [`KEPT_ENV`] of the host's environment.
     scrub_env: bool,
+    /// No reaching into another process (`ptrace`, `process_vm_*`: seccomp).
+    no_tracing: bool,
 }
 
 impl Confinement {
@@ -70,6 +80,7 @@ impl Confinement {
             no_network: !everything && !needs(cordis_sdk::Need::Network),
             no_writes: !everything && !needs(cordis_sdk::Need::WriteFiles),
             scrub_env: !everything,
+            no_tracing: !everything,
         }
     }
 }
@@ -84,6 +95,9 @@ pub fn confinement_summary(needs: &[String]) -> String {
     }
     if c.no_network {
         denied.push("no network");
+    }
+    if c.no_tracing {
+        denied.push("no access to other processes");
     }
     if c.scrub_env {
         denied.push("a scrubbed environment");
@@ -352,6 +366,12 @@ impl Isolated {
         let confinement = self.confinement;
         if confinement.no_writes {
             command.arg(NO_WRITES_ARG);
+        }
+        if confinement.no_network {
+            command.arg(NO_NETWORK_ARG);
+        }
+        if confinement.no_tracing {
+            command.arg(NO_TRACING_ARG);
         }
         if confinement.scrub_env {
             let kept: Vec<(&str, std::ffi::OsString)> = KEPT_ENV
