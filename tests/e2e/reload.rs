@@ -677,3 +677,62 @@ fn reading_a_library_is_not_a_change() {
     );
     assert!(log.contains("mcp session"), "the log was captured:\n{log}");
 }
+
+/// A `cordis.yml` renamed into place (how editors save) is complete when seen: with a
+/// quiet period of a minute, it still reloads at once and the reload line says why. One
+/// written in place waits while its writer holds it open, and reloads at once when the
+/// writer closes it.
+#[test]
+fn a_rename_reloads_at_once_and_an_open_in_place_write_waits_for_its_writer() {
+    use std::io::Write as _;
+    let (s, _lib) = reload_project(1, "- name: fixture-reload\n  config:\n    greeting: a\n");
+    let log_path = s.path().join("run.log");
+    let mut cmd = s.cordis(&["run", "--plugin-path", "plugins", "--reload-quiet", "60000"]);
+    cmd.env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log_path).expect("create the log"));
+    let mut mcp = McpStdio::start(cmd);
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let greeting = |mcp: &mut McpStdio| mcp.call("reload-version", serde_json::json!({})).1;
+    assert_eq!(greeting(&mut mcp), "build 1, greeting a");
+
+    let tmp = s.write(
+        ".cordis.yml.tmp",
+        "- name: fixture-reload\n  config:\n    greeting: b\n",
+    );
+    std::fs::rename(tmp, s.path().join("cordis.yml")).expect("save by rename");
+    eventually(
+        "the rename reloads at once",
+        Duration::from_secs(20),
+        || {
+            let log = log();
+            match log.lines().find(|l| l.contains("reload:")) {
+                Some(line) if line.contains("complete at once: renamed into place") => Ok(()),
+                _ => Err(log),
+            }
+        },
+    );
+    assert_eq!(greeting(&mut mcp), "build 1, greeting b");
+
+    let mut writer = std::fs::File::create(s.path().join("cordis.yml")).expect("open in place");
+    writer
+        .write_all(b"- name: fixture-reload\n  config:\n    greeting: c\n")
+        .expect("write in place");
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        greeting(&mut mcp),
+        "build 1, greeting b",
+        "reloaded while the writer still held the file:\n{}",
+        log()
+    );
+    drop(writer);
+    eventually("the close reloads at once", Duration::from_secs(20), || {
+        let log = log();
+        if log.contains("complete at once: its writer closed it") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
+    assert_eq!(greeting(&mut mcp), "build 1, greeting c");
+    assert!(mcp.finish().success());
+}

@@ -3,7 +3,9 @@
 //! rename or hard link, and a watch on the file dies with it). A batch of changes is
 //! complete as soon as its writer is done: a library cargo is writing waits for cargo's
 //! build lock (`target/<profile>/.cargo-lock`) to be released, so one `cargo build` of
-//! several plugins is one reload with no fixed wait after it; any other change waits
+//! several plugins is one reload with no fixed wait after it; a file renamed into place
+//! (how editors, `cp` + `mv` and installers finish a write), closed by its writer or
+//! removed is complete when seen; only a file written in place and not yet closed waits
 //! for a short quiet period ([`Quiet`]). A change that leaves every byte the same reloads
 //! nothing.
 
@@ -18,10 +20,11 @@ use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
 use cordis_engine::{ReloadError, Runtime};
 
-/// How long changed files must be quiet before a reload starts. Editors replace a file in
-/// one rename and cargo is waited for by its lock, so these only cover writers that write
-/// in place (`cp`, a slow save); a library caught half-written is refused by the loader's
-/// completeness check and picked up by the next event.
+/// How long changed files must be quiet before a reload starts, when their writer has not
+/// closed them yet. Editors replace a file in one rename, cargo is waited for by its lock,
+/// and a writer's close ends the wait, so these only cover a file still open for writing
+/// (or a change whose close the watcher does not see); a library caught half-written is
+/// refused by the loader's completeness check and picked up by the next event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Quiet {
     /// After a change to a library file that cargo is not writing.
@@ -52,15 +55,76 @@ impl Quiet {
 pub(crate) struct Batch {
     pub paths: BTreeSet<PathBuf>,
     pub first_seen: Instant,
+    /// Why the batch was complete when it was.
+    pub how: Completed,
 }
 
-/// A watcher that sends the paths of every change to `tx`. Reads are not changes: the
-/// host reads the libraries itself on every reload (and other `cordis` processes load
-/// them), so counting reads would keep an idle host re-planning forever.
-pub(crate) fn change_watcher(tx: Sender<Vec<PathBuf>>) -> notify::Result<RecommendedWatcher> {
+/// Why a batch of changes was complete when it was (the reload line says which).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Completed {
+    /// Every watched file in it was renamed into place, closed by its writer or removed.
+    AtOnce(Done),
+    /// A file was written in place and not seen closed: no change for this long.
+    Quiet(Duration),
+    /// Cargo released the build lock of a library's directory.
+    Cargo,
+    /// `cordis run --dev` rebuilt the libraries of edited sources.
+    Rebuilt,
+}
+
+impl std::fmt::Display for Completed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Completed::AtOnce(Done::Renamed) => write!(f, "at once: renamed into place"),
+            Completed::AtOnce(Done::Closed) => write!(f, "at once: its writer closed it"),
+            Completed::AtOnce(Done::Removed) => write!(f, "at once: removed"),
+            Completed::AtOnce(Done::Writing) | Completed::Quiet(_) => {
+                let quiet = match self {
+                    Completed::Quiet(d) => d.as_millis(),
+                    _ => 0,
+                };
+                write!(f, "after a {quiet} ms quiet period: written in place")
+            }
+            Completed::Cargo => write!(f, "when cargo released its build lock"),
+            Completed::Rebuilt => write!(f, "when the rebuild of the edited sources finished"),
+        }
+    }
+}
+
+/// Where one file's change stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Done {
+    /// Written in place (created, data written); its writer may still hold it open.
+    Writing,
+    /// Renamed into place: its content arrived whole.
+    Renamed,
+    /// Its writer closed it.
+    Closed,
+    /// Removed (or renamed away).
+    Removed,
+}
+
+/// One file's change, as the watcher saw it.
+#[derive(Clone, Debug)]
+pub(crate) struct Change {
+    pub path: PathBuf,
+    /// `None`: its metadata only (which settles nothing and leaves a write as it was).
+    pub done: Option<Done>,
+}
+
+/// A watcher that sends every change to `tx`. Reads are not changes: the host reads the
+/// libraries itself on every reload (and other `cordis` processes load them), so counting
+/// reads would keep an idle host re-planning forever.
+pub(crate) fn change_watcher(tx: Sender<Vec<Change>>) -> notify::Result<RecommendedWatcher> {
     notify::recommended_watcher(move |event: notify::Result<Event>| match event {
         Ok(e) if is_change(&e.kind) => {
-            let _ = tx.send(e.paths);
+            let done = done_by(&e.kind);
+            let _ = tx.send(
+                e.paths
+                    .into_iter()
+                    .map(|path| Change { path, done })
+                    .collect(),
+            );
         }
         Ok(_) => {}
         Err(e) => tracing::warn!("file watcher: {e}"),
@@ -75,6 +139,22 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
+/// Where a change of this kind leaves its files.
+fn done_by(kind: &EventKind) -> Option<Done> {
+    use notify::event::{ModifyKind, RenameMode};
+    match kind {
+        EventKind::Access(_) => Some(Done::Closed),
+        EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both)) => {
+            Some(Done::Renamed)
+        }
+        EventKind::Modify(ModifyKind::Name(RenameMode::From)) | EventKind::Remove(_) => {
+            Some(Done::Removed)
+        }
+        EventKind::Modify(ModifyKind::Metadata(_)) => None,
+        _ => Some(Done::Writing),
+    }
+}
+
 /// How often a held cargo build lock is tried while waiting for cargo to finish.
 const CARGO_POLL: Duration = Duration::from_millis(5);
 
@@ -85,20 +165,29 @@ const CARGO_PATIENCE: Duration = Duration::from_secs(600);
 
 /// The next batch of changed paths: waits for a change, then until the batch is complete.
 /// While cargo holds the build lock of a changed library's directory, that is when cargo
-/// releases it (then at once, with every change seen meanwhile); otherwise when no change
-/// has come for the longest `quiet` period of the paths changed so far. `None` when the
-/// watcher is gone.
+/// releases it (then at once, with every change seen meanwhile); else, when the batch
+/// holds a file `watched` says matters and every such file is renamed into place, closed
+/// or removed, at once; otherwise when no change has come for the longest `quiet` period
+/// of the paths changed so far. `None` when the watcher is gone.
 pub(crate) fn next_batch(
-    rx: &Receiver<Vec<PathBuf>>,
+    rx: &Receiver<Vec<Change>>,
     quiet: impl Fn(&Path) -> Duration,
+    watched: impl Fn(&Path) -> bool,
 ) -> Option<Batch> {
     let first = rx.recv().ok()?;
     let first_seen = Instant::now();
-    let mut paths: BTreeSet<PathBuf> = first.into_iter().collect();
+    let mut state: std::collections::BTreeMap<PathBuf, Option<Done>> =
+        std::collections::BTreeMap::new();
+    take(first, &mut state);
     let mut cargo_since: Option<Instant> = None;
+    let batch = |state: std::collections::BTreeMap<PathBuf, Option<Done>>, how| Batch {
+        paths: state.into_keys().collect(),
+        first_seen,
+        how,
+    };
     loop {
-        let building = paths
-            .iter()
+        let building = state
+            .keys()
             .filter(|p| is_library(p))
             .find_map(|p| held_cargo_lock(p));
         let wait = match (building, cargo_since) {
@@ -113,26 +202,70 @@ pub(crate) fn next_batch(
                         lock.display(),
                         since.elapsed().as_secs()
                     );
-                    return Some(Batch { paths, first_seen });
+                    return Some(batch(state, Completed::Cargo));
                 }
                 CARGO_POLL
             }
             (None, Some(_)) => {
                 // Cargo is done: everything it wrote has been seen.
                 while let Ok(more) = rx.try_recv() {
-                    paths.extend(more);
+                    take(more, &mut state);
                 }
-                return Some(Batch { paths, first_seen });
+                return Some(batch(state, Completed::Cargo));
             }
-            (None, None) => paths.iter().map(|p| quiet(p)).max().unwrap_or_default(),
+            (None, None) => {
+                if let Some(done) = complete(&state, &watched) {
+                    // What the watcher already has belongs to this batch too.
+                    while let Ok(more) = rx.try_recv() {
+                        take(more, &mut state);
+                    }
+                    if complete(&state, &watched).is_some() {
+                        return Some(batch(state, Completed::AtOnce(done)));
+                    }
+                    continue;
+                }
+                state.keys().map(|p| quiet(p)).max().unwrap_or_default()
+            }
         };
         match rx.recv_timeout(wait) {
-            Ok(more) => paths.extend(more),
+            Ok(more) => take(more, &mut state),
             Err(RecvTimeoutError::Timeout) if cargo_since.is_some() => {}
-            Err(RecvTimeoutError::Timeout) => return Some(Batch { paths, first_seen }),
+            Err(RecvTimeoutError::Timeout) => return Some(batch(state, Completed::Quiet(wait))),
             Err(RecvTimeoutError::Disconnected) => return None,
         }
     }
+}
+
+/// Records `changes` in a batch's `state`: the latest word on each file stands, and a
+/// change of metadata only leaves it as it was.
+fn take(changes: Vec<Change>, state: &mut std::collections::BTreeMap<PathBuf, Option<Done>>) {
+    for c in changes {
+        let entry = state.entry(c.path).or_insert(None);
+        if c.done.is_some() {
+            *entry = c.done;
+        }
+    }
+}
+
+/// How the watched files of a batch are done, when every one of them is and there is one
+/// (renamed before closed before removed, for the reload line).
+fn complete(
+    state: &std::collections::BTreeMap<PathBuf, Option<Done>>,
+    watched: impl Fn(&Path) -> bool,
+) -> Option<Done> {
+    let mut how: Option<Done> = None;
+    for done in state.iter().filter(|(p, _)| watched(p)).map(|(_, d)| d) {
+        let done = match done {
+            None | Some(Done::Writing) => return None,
+            Some(d) => *d,
+        };
+        how = Some(match (how, done) {
+            (Some(Done::Renamed), _) | (_, Done::Renamed) => Done::Renamed,
+            (Some(Done::Closed), _) | (_, Done::Closed) => Done::Closed,
+            _ => done,
+        });
+    }
+    how
 }
 
 /// The build lock of the cargo output directory `library` lies in (its own directory, or
@@ -158,7 +291,7 @@ fn held_cargo_lock(library: &Path) -> Option<PathBuf> {
 /// Watches `runtime`'s files on a background thread until the process ends, waiting
 /// `quiet` after changes cargo is not making.
 pub fn spawn(runtime: Arc<Runtime>, quiet: Quiet) -> anyhow::Result<()> {
-    let (tx, rx) = channel::<Vec<PathBuf>>();
+    let (tx, rx) = channel::<Vec<Change>>();
     let mut watcher = change_watcher(tx)?;
     let mut watched_dirs: BTreeSet<PathBuf> = BTreeSet::new();
     let mut watch_all = move |runtime: &Runtime, dirs: &mut BTreeSet<PathBuf>| {
@@ -185,12 +318,17 @@ pub fn spawn(runtime: Arc<Runtime>, quiet: Quiet) -> anyhow::Result<()> {
                     quiet.manifest
                 }
             };
-            while let Some(batch) = next_batch(&rx, quiet_for) {
-                let relevant: BTreeSet<PathBuf> = runtime
+            let relevant_now = || -> BTreeSet<PathBuf> {
+                runtime
                     .watched_files()
                     .iter()
                     .filter_map(|f| normalized(f))
-                    .collect();
+                    .collect()
+            };
+            let mut relevant = relevant_now();
+            while let Some(batch) =
+                next_batch(&rx, quiet_for, |p| relevant.contains(p) || is_library(p))
+            {
                 if !batch
                     .paths
                     .iter()
@@ -200,9 +338,10 @@ pub fn spawn(runtime: Arc<Runtime>, quiet: Quiet) -> anyhow::Result<()> {
                     continue;
                 }
                 survive("file watcher", || {
-                    reload_and_log(&runtime, Some(batch.first_seen), None);
+                    reload_and_log(&runtime, Some((batch.first_seen, batch.how)), None);
                     watch_all(&runtime, &mut watched_dirs);
                 });
+                relevant = relevant_now();
             }
         })?;
     Ok(())
@@ -235,7 +374,7 @@ pub(crate) fn survive<T>(thread: &str, step: impl FnOnce() -> T) -> Option<T> {
 /// after a build) is not shown again.
 pub(crate) fn reload_and_log(
     runtime: &Runtime,
-    first_seen: Option<Instant>,
+    first_seen: Option<(Instant, Completed)>,
     unchanged: Option<&str>,
 ) {
     /// The last refusal shown, by runtime.
@@ -251,8 +390,8 @@ pub(crate) fn reload_and_log(
         Ok(report) => {
             *last = None;
             match first_seen {
-                Some(t) => tracing::info!(
-                    "{report} ({} ms after the first change was seen)",
+                Some((t, how)) => tracing::info!(
+                    "{report} ({} ms after the first change was seen; complete {how})",
                     t.elapsed().as_millis()
                 ),
                 None => tracing::info!("{report}"),
@@ -309,16 +448,108 @@ mod tests {
         (lock, out.join(cordis_engine::library_file_name("plugin-a")))
     }
 
-    /// Runs `next_batch` on a thread; its result arrives on the returned channel.
+    /// Runs `next_batch` on a thread (every path watched); its result arrives on the
+    /// returned channel.
     fn batch_on_thread(
-        rx: Receiver<Vec<PathBuf>>,
+        rx: Receiver<Vec<Change>>,
         quiet: Duration,
     ) -> Receiver<Option<BTreeSet<PathBuf>>> {
         let (done_tx, done_rx) = channel();
         std::thread::spawn(move || {
-            let _ = done_tx.send(next_batch(&rx, |_| quiet).map(|b| b.paths));
+            let _ = done_tx.send(next_batch(&rx, |_| quiet, |_| true).map(|b| b.paths));
         });
         done_rx
+    }
+
+    /// A change of `path` that leaves it `done`.
+    fn change(path: &Path, done: Option<Done>) -> Vec<Change> {
+        vec![Change {
+            path: path.to_path_buf(),
+            done,
+        }]
+    }
+
+    /// Runs `next_batch` on a thread, `cordis.yml` the one watched file, with a quiet
+    /// period of a minute: a batch that ends sooner ended without it.
+    fn manifest_batch(
+        rx: Receiver<Vec<Change>>,
+    ) -> Receiver<Option<(BTreeSet<PathBuf>, Completed)>> {
+        let (done_tx, done_rx) = channel();
+        std::thread::spawn(move || {
+            let batch = next_batch(
+                &rx,
+                |_| Duration::from_secs(60),
+                |p| p == Path::new("/w/cordis.yml"),
+            );
+            let _ = done_tx.send(batch.map(|b| (b.paths, b.how)));
+        });
+        done_rx
+    }
+
+    #[test]
+    fn a_file_renamed_into_place_or_closed_completes_its_batch_at_once() {
+        let manifest = Path::new("/w/cordis.yml");
+        for (done, line) in [
+            (Done::Renamed, "at once: renamed into place"),
+            (Done::Closed, "at once: its writer closed it"),
+            (Done::Removed, "at once: removed"),
+        ] {
+            let (tx, rx) = channel();
+            let batch = manifest_batch(rx);
+            // An editor's temporary file beside it, still being written, does not count.
+            tx.send(change(Path::new("/w/.cordis.yml.swp"), Some(Done::Writing)))
+                .expect("send");
+            tx.send(change(manifest, Some(done))).expect("send");
+            // A change of its metadata after it settles nothing.
+            tx.send(change(manifest, None)).expect("send");
+            let (paths, how) = batch
+                .recv_timeout(Duration::from_secs(30))
+                .expect("complete without the quiet period")
+                .expect("a batch");
+            assert!(paths.contains(manifest), "{paths:?}");
+            assert_eq!(how, Completed::AtOnce(done));
+            assert_eq!(how.to_string(), line);
+        }
+    }
+
+    #[test]
+    fn a_file_written_in_place_waits_for_its_writer_to_close_it() {
+        let manifest = Path::new("/w/cordis.yml");
+        let (tx, rx) = channel();
+        let batch = manifest_batch(rx);
+        tx.send(change(manifest, Some(Done::Writing)))
+            .expect("send");
+        tx.send(change(manifest, None)).expect("send");
+        assert_eq!(
+            batch.recv_timeout(Duration::from_millis(300)).err(),
+            Some(RecvTimeoutError::Timeout),
+            "a batch ended while its file was still open for writing"
+        );
+        tx.send(change(manifest, Some(Done::Closed))).expect("send");
+        let (_, how) = batch
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the close ends it")
+            .expect("a batch");
+        assert_eq!(how, Completed::AtOnce(Done::Closed));
+
+        // Not seen closed: the quiet period ends it, and the line says so.
+        let (tx, rx) = channel();
+        let (done_tx, done_rx) = channel();
+        std::thread::spawn(move || {
+            let b = next_batch(&rx, |_| Duration::from_millis(20), |_| true);
+            let _ = done_tx.send(b.map(|b| b.how));
+        });
+        tx.send(change(manifest, Some(Done::Writing)))
+            .expect("send");
+        let how = done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the quiet period ends it")
+            .expect("a batch");
+        assert_eq!(how, Completed::Quiet(Duration::from_millis(20)));
+        assert_eq!(
+            how.to_string(),
+            "after a 20 ms quiet period: written in place"
+        );
     }
 
     /// What a test's reloads log, as the host shows it.
@@ -395,14 +626,15 @@ mod tests {
 
         let (tx, rx) = channel();
         let done = batch_on_thread(rx, Duration::from_millis(10));
-        tx.send(vec![lib_a.clone()]).expect("send");
-        // Twenty quiet periods pass: the batch is not complete while cargo builds.
+        tx.send(change(&lib_a, Some(Done::Closed))).expect("send");
+        // Twenty quiet periods pass: the batch is not complete while cargo builds, even
+        // with the library closed.
         assert_eq!(
             done.recv_timeout(Duration::from_millis(200)).err(),
             Some(RecvTimeoutError::Timeout),
             "a batch ended while cargo still held its lock"
         );
-        tx.send(vec![lib_b.clone()]).expect("send");
+        tx.send(change(&lib_b, Some(Done::Renamed))).expect("send");
         drop(cargo);
         let batch = done
             .recv_timeout(Duration::from_secs(30))
@@ -416,7 +648,7 @@ mod tests {
         let (_lock, lib) = cargo_output(dir.path());
         let (tx, rx) = channel();
         let done = batch_on_thread(rx, Duration::from_millis(10));
-        tx.send(vec![lib.clone()]).expect("send");
+        tx.send(change(&lib, Some(Done::Writing))).expect("send");
         let batch = done
             .recv_timeout(Duration::from_secs(30))
             .expect("the quiet period ends the batch");

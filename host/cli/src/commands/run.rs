@@ -24,9 +24,10 @@ pub(crate) struct RunArgs {
     /// for the loaded plugins when one changes, and reload when the build finishes.
     #[arg(long)]
     dev: bool,
-    /// Wait this long (milliseconds) after a change to cordis.yml or a library that cargo
-    /// is not building before reloading [default: 30 for cordis.yml, 50 for a library;
-    /// a library cargo is building waits for the build to finish instead].
+    /// Wait this long (milliseconds) after an in-place write to cordis.yml or a library
+    /// that is not closed yet before reloading [default: 30 for cordis.yml, 50 for a
+    /// library; a file renamed into place or closed reloads at once, and a library cargo is
+    /// building waits for the build to finish].
     #[arg(long, value_name = "MS", conflicts_with = "no_watch", value_parser = clap::value_parser!(u64).range(0..=60_000))]
     reload_quiet: Option<u64>,
     /// Serve this existing session instead of a new one (stdio only).

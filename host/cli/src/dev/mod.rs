@@ -28,7 +28,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use notify::{RecursiveMode, Watcher};
 
-use crate::watch::{change_watcher, next_batch, reload_and_log, survive, Quiet};
+use crate::watch::{change_watcher, next_batch, reload_and_log, survive, Change, Completed, Quiet};
 use cordis_engine::Runtime;
 use cordis_engine::{library_file_name, SearchPath};
 use project::{project_of, Builds, Project};
@@ -149,7 +149,7 @@ pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow:
             not_built.iter().map(String::as_str).collect::<Vec<_>>().join(", ")
         );
     }
-    let (tx, rx) = channel::<Vec<PathBuf>>();
+    let (tx, rx) = channel::<Vec<Change>>();
     let mut watcher = change_watcher(tx)?;
     for dir in projects.0.iter().flat_map(|p| p.source_dirs()) {
         watcher
@@ -175,7 +175,8 @@ pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow:
         .name("cordis-dev".into())
         .spawn(move || {
             let _watcher = watcher;
-            while let Some(batch) = next_batch(&rx, |_| quiet.library) {
+            // A source file is never complete on its own: an editor saves several at once.
+            while let Some(batch) = next_batch(&rx, |_| quiet.library, |_| false) {
                 let edited: Vec<&Project> = projects
                     .0
                     .iter()
@@ -203,7 +204,7 @@ pub fn spawn(runtime: Arc<Runtime>, projects: Projects, quiet: Quiet) -> anyhow:
                     if built {
                         reload_and_log(
                             &runtime,
-                            Some(batch.first_seen),
+                            Some((batch.first_seen, Completed::Rebuilt)),
                             Some("dev: unchanged: the rebuilt libraries are the running ones, byte for byte; nothing to reload"),
                         );
                     }
