@@ -736,3 +736,48 @@ fn a_rename_reloads_at_once_and_an_open_in_place_write_waits_for_its_writer() {
     assert_eq!(greeting(&mut mcp), "build 1, greeting c");
     assert!(mcp.finish().success());
 }
+
+/// The model context is computed once per state it depends on, and follows each change on
+/// the very next request: a mode switch by `cordis session set-mode` from another process,
+/// and a reload that changes the policy.
+#[test]
+fn the_model_context_follows_a_mode_switch_from_another_process_and_a_reload() {
+    let s = cordis_e2e::Scratch::new();
+    let manifest = |network: bool| {
+        format!(
+            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    network: {network}\n\
+             - name: dsh-fs-sandbox\n- name: dsh-tool-fs\n"
+        )
+    };
+    s.manifest(&manifest(false));
+    let rt = s.runtime();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let first = rt.model_context(Some(&session.id));
+    assert!(first.contains("policy: workspace-write"), "{first}");
+    assert!(first.contains("no network access"), "{first}");
+    assert_eq!(
+        rt.model_context(Some(&session.id)),
+        first,
+        "the same state, the same text"
+    );
+
+    s.run(&["session", "set-mode", &session.id, "read-only"])
+        .expect_code(0);
+    let switched = rt.model_context(Some(&session.id));
+    assert!(switched.contains("policy: read-only"), "{switched}");
+
+    s.manifest(&manifest(true));
+    let report = rt.reload().unwrap_or_else(|e| panic!("{e}"));
+    assert!(!report.is_empty(), "{report:?}");
+    let reloaded = rt.model_context(Some(&session.id));
+    assert!(
+        reloaded.contains("policy: read-only") && reloaded.contains("may use the network"),
+        "{reloaded}"
+    );
+    // Another session is its own entry.
+    let other = rt.sessions().create(&s.path()).expect("another session");
+    assert!(rt
+        .model_context(Some(&other.id))
+        .contains("policy: workspace-write"));
+    rt.shutdown();
+}

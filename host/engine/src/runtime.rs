@@ -5,6 +5,7 @@
 //! finishes on the generation it started on, and calls that arrive during a reload wait for
 //! the swap and then go to the new generation.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -91,7 +92,16 @@ pub struct Runtime {
     /// Held while reloads must wait (a `--dev` build writing libraries one by one).
     held: Mutex<()>,
     reload_listeners: Mutex<Vec<Listener>>,
+    /// Counts the reloads that swapped the composition (what the model context of a
+    /// session depends on besides the session's log).
+    epoch: std::sync::atomic::AtomicU64,
+    /// The model context last computed for each session, with the epoch and the session
+    /// log's last sequence number it was computed at.
+    contexts: Mutex<HashMap<Option<String>, (u64, u64, String)>>,
 }
+
+/// The most sessions whose model context is kept at once (more: all are dropped).
+const MAX_CACHED_CONTEXTS: usize = 4096;
 
 /// Where a session opened by [`Runtime::open_session`] starts.
 #[derive(Clone, Copy, Debug)]
@@ -219,6 +229,8 @@ impl Runtime {
             reloading: Mutex::new(false),
             held: Mutex::new(()),
             reload_listeners: Mutex::new(Vec::new()),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            contexts: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -301,6 +313,7 @@ impl Runtime {
             plan: new_plan,
             registry: std::mem::take(&mut c.registry),
         };
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         drop(guard);
         report.millis = started.elapsed().as_millis();
         if !report.is_empty() {
@@ -387,7 +400,44 @@ impl Runtime {
 
     /// The model context for a session: every non-empty contribution of a service that
     /// implements the model-context interface, in service-name order, one per paragraph.
+    /// Computed once per state it depends on: the composition (a reload) and the session's
+    /// log (a mode switch, from any process); reused until one of them changes.
     pub fn model_context(&self, session: Option<&str>) -> String {
+        use std::sync::atomic::Ordering;
+        // Read before computing: a change meanwhile leaves an entry that no longer matches.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let seq = match session {
+            Some(id) => match self.host.sessions().last_seq(id) {
+                Ok(seq) => Some(seq),
+                // Not cached: whatever is wrong is for the contributions to report.
+                Err(_) => return self.compute_model_context(session),
+            },
+            None => Some(0),
+        };
+        let key = session.map(str::to_string);
+        if let (Some(seq), Some((e, s, text))) = (
+            seq,
+            self.contexts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key),
+        ) {
+            if *e == epoch && *s == seq {
+                return text.clone();
+            }
+        }
+        let text = self.compute_model_context(session);
+        if let Some(seq) = seq {
+            let mut contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+            if contexts.len() >= MAX_CACHED_CONTEXTS {
+                contexts.clear();
+            }
+            contexts.insert(key, (epoch, seq, text.clone()));
+        }
+        text
+    }
+
+    fn compute_model_context(&self, session: Option<&str>) -> String {
         let providers: Held<Vec<(String, Service)>> = {
             let c = self.composition();
             Held {

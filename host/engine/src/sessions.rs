@@ -352,6 +352,15 @@ impl SessionStore {
         Ok(log)
     }
 
+    /// The sequence number of a session's last event (0 with none), after reading what
+    /// other processes appended since.
+    pub fn last_seq(&self, id: &str) -> Result<u64, SessionError> {
+        let log = self.log(id)?;
+        let mut state = log.state.lock().unwrap_or_else(|e| e.into_inner());
+        read_more(&log.path, &mut state, false)?;
+        Ok(state.events.last().map_or(0, |e| e.seq))
+    }
+
     /// Every event of a session, oldest first, optionally of one kind.
     pub fn events(&self, id: &str, kind: Option<&str>) -> Result<Vec<SessionEvent>, SessionError> {
         let log = self.log(id)?;
