@@ -17,8 +17,8 @@ pub mod codes {
         /// the session's cwd is not a usable directory.
         SESSION_STORE;
         /// A service call named a session (or a tool call) other than the one it is made
-        /// for, as the host set it ([`CurrentCall`]): a plugin acts only for the session
-        /// that is calling it.
+        /// for, as the host set it ([`crate::host::CurrentCall`]): a plugin acts only for
+        /// the session that is calling it.
         SESSION_NOT_CALLING;
     }
 }

@@ -108,6 +108,13 @@
 //! # let _ = (options, Progress::default());
 //! ```
 //!
+//! A service provider learns which call it serves from the host, never from its caller's
+//! arguments: inject [`host::CALL_CONTEXT`] ([`host::CallContextClient`]) and ask it for
+//! the [`host::CurrentCall`] (session, call id, descriptors, deadline, and whether the call
+//! came from an isolated entry's process). The host sets it around every tool call and
+//! carries it across isolation; its own `sessions` and `approval` services refuse any
+//! other session than the calling one (`SESSION_NOT_CALLING`).
+//!
 //! # Versioning
 //!
 //! Two versions decide whether plugins and the host work together, and the host checks
