@@ -611,8 +611,9 @@ async def test_sigterm_lets_calls_finish_then_kills_what_remains(ws: Workspace, 
         await started(token)
         finishing = asyncio.create_task(quick.call_tool("bash", {"command": f"sleep {quick_token}; echo finished"}))
         await eventually("the quick call started", 10, lambda: processes_with(f"sleep {quick_token}"))
-        server.proc.send_signal(signal.SIGTERM)
+        # Taken before the signal: the server's deadline runs from when it receives it.
         stopped = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
         r = await asyncio.wait_for(finishing, 10)
         assert not r.is_error and "finished" in text(r), show(r)
         await eventually("the slow call's processes gone", 5, lambda: not processes_with(token))

@@ -106,8 +106,9 @@ async def test_a_stopped_server_kills_running_commands_at_its_deadline_and_exits
     server = await RawServer.start(ws, "--shutdown-timeout", "1")
     await server.start_bash(leaving_children(token))
     await started(token)
-    server.proc.send_signal(signum)
+    # Taken before the signal: the server's deadline runs from when it receives it.
     stopped = time.monotonic()
+    server.proc.send_signal(signum)
     await asyncio.sleep(0.5)
     assert processes_with(token), "the command was killed before its deadline"
     await eventually(f"every process gone after {signum.name}", 3.0, lambda: not processes_with(token))
