@@ -495,13 +495,14 @@ mod tests {
             (Done::Removed, "at once: removed"),
         ] {
             let (tx, rx) = channel();
-            let batch = manifest_batch(rx);
-            // An editor's temporary file beside it, still being written, does not count.
+            // Sent before the batch starts, so all of them belong to it (it ends as soon as
+            // it is complete). An editor's temporary file beside it, still being written,
+            // does not count; a change of its metadata after it settles nothing.
             tx.send(change(Path::new("/w/.cordis.yml.swp"), Some(Done::Writing)))
                 .expect("send");
             tx.send(change(manifest, Some(done))).expect("send");
-            // A change of its metadata after it settles nothing.
             tx.send(change(manifest, None)).expect("send");
+            let batch = manifest_batch(rx);
             let (paths, how) = batch
                 .recv_timeout(Duration::from_secs(30))
                 .expect("complete without the quiet period")
