@@ -323,6 +323,21 @@ impl Registry {
             line: entry.pos.line,
             error: Box::new(error),
         };
+        // An isolated entry holds the handles of the services it injects for as long as
+        // its process may call them (past its disposal, until the process is gone): it
+        // holds their providers' libraries as long, so no handle outlives its code.
+        let providers: Vec<Arc<crate::loader::Library>> = meta
+            .injects
+            .iter()
+            .filter_map(|inj| match &self.services.get(&inj.name)?.provider {
+                Provider::Entry(id) => self
+                    .applied
+                    .iter()
+                    .find(|a| &a.id == id)
+                    .map(|a| a.planned.library.clone()),
+                Provider::Host => None,
+            })
+            .collect();
         let mut ctx = ApplyCtx {
             registry: self,
             planned,
@@ -334,7 +349,7 @@ impl Registry {
         let outcome = match (&entry.isolate, ctx.registry.isolation_exe.clone()) {
             (Some(isolation), Some(exe)) => {
                 let mut host = HostCtxObj_TO::from_ptr(&mut ctx, TD_Opaque);
-                match crate::isolate::apply(&mut host, planned, &exe, isolation) {
+                match crate::isolate::apply(&mut host, planned, &exe, isolation, providers) {
                     Ok((instance, process)) => {
                         isolated = Some(process);
                         RResult::ROk(instance)

@@ -172,6 +172,10 @@ pub(crate) struct Isolated {
     served: HashMap<String, ServiceBox>,
     state: Mutex<State>,
     changed: Condvar,
+    /// The libraries of the entries whose services `served` holds: declared after it, so
+    /// they are dropped after it (the last reference may go on the connection's thread,
+    /// after a reload or the host's shutdown has let the composition's go).
+    _providers: Vec<Arc<crate::loader::Library>>,
 }
 
 #[derive(Default)]
@@ -228,13 +232,15 @@ fn error(code: &str, message: String, help: Option<String>) -> WireError {
 
 /// Applies `planned` in a child process running `exe`, through `ctx` (the registry's own
 /// apply context, so every check of an in-process apply holds): the services it injects
-/// are taken from `ctx` and served back to the child, what the child provides and
-/// registers is registered through `ctx` as proxies.
+/// are taken from `ctx` and served back to the child (their `providers`' libraries kept
+/// loaded as long as their handles), what the child provides and registers is registered
+/// through `ctx` as proxies.
 pub(crate) fn apply(
     ctx: &mut HostCtx<'_>,
     planned: &Planned,
     exe: &Path,
     isolation: &Isolation,
+    providers: Vec<Arc<crate::loader::Library>>,
 ) -> Result<(InstanceBox, Arc<Isolated>), WireError> {
     let meta = &planned.library.meta;
     let mut served = HashMap::new();
@@ -264,6 +270,7 @@ pub(crate) fn apply(
         served,
         state: Mutex::new(State::default()),
         changed: Condvar::new(),
+        _providers: providers,
     });
     let applied = isolated.start().inspect_err(|_| isolated.retire())?;
     let registered = (|| {
