@@ -16,15 +16,36 @@ use serde_json::{json, Value};
 /// The crashing fixture isolated (a short `callTimeout`), a consumer of its `greeter`
 /// in-process, and the bundled confined shell with its policy owner.
 fn compose(s: &Scratch, timeout: &str) -> Arc<Runtime> {
-    s.manifest(&format!(
-        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
-         - name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n\
-         - name: fixture-crashy\n  isolate: process\n  callTimeout: {timeout}\n\
-         - name: fixture-greeter-consumer\n"
-    ));
-    // Searched first, so protected; a command could create it if it were absent.
+    runtime_of(
+        s,
+        &format!(
+            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+             - name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-bash\n\
+             - name: fixture-crashy\n  isolate: process\n  callTimeout: {timeout}\n\
+             - name: fixture-greeter-consumer\n"
+        ),
+    )
+}
+
+/// `manifest` applied with isolation, the plugins directory created first (searched
+/// first, so protected; a command could create it if it were absent).
+fn runtime_of(s: &Scratch, manifest: &str) -> Arc<Runtime> {
+    s.manifest(manifest);
     std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
     s.runtime_isolated()
+}
+
+/// Another session's command that runs across whatever the test does meanwhile.
+fn command_across(rt: &Arc<Runtime>, other: &SessionInfo) -> std::thread::JoinHandle<ToolResult> {
+    let (rt, other) = (rt.clone(), other.clone());
+    std::thread::spawn(move || {
+        call_in(
+            &rt,
+            &other,
+            "bash",
+            json!({"command": "sleep 1; echo survived"}),
+        )
+    })
 }
 
 fn call_in(rt: &Runtime, session: &SessionInfo, tool: &str, args: Value) -> ToolResult {
@@ -91,17 +112,7 @@ fn a_crashing_isolated_entry_costs_only_its_own_calls_and_restarts() {
     ] {
         let before = serving_pid(&rt, &session);
         // Another session's command runs across the crash.
-        let shell = {
-            let (rt, other) = (rt.clone(), other.clone());
-            std::thread::spawn(move || {
-                call_in(
-                    &rt,
-                    &other,
-                    "bash",
-                    json!({"command": "sleep 1; echo survived"}),
-                )
-            })
-        };
+        let shell = command_across(&rt, &other);
         std::thread::sleep(Duration::from_millis(200));
         let crashed = call_in(&rt, &session, "crash", json!({ "how": how }));
         assert!(crashed.is_error, "{how}: {}", crashed.text);
@@ -484,19 +495,17 @@ fn an_isolated_process_cannot_write_a_file_open_a_socket_or_read_the_hosts_secre
 fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_another_session() {
     for isolated in [true, false] {
         let s = Scratch::new();
-        s.manifest(&format!(
-            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
-             - name: dsh-fs-sandbox\n\
-             - name: fixture-crashy\n{}\
-             - name: fixture-greeter-consumer\n",
-            if isolated { "  isolate: process\n" } else { "" }
-        ));
-        std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
-        let rt = if isolated {
-            s.runtime_isolated()
-        } else {
-            s.runtime()
-        };
+        // Without `isolate`, the same runtime applies the fixture in-process.
+        let rt = runtime_of(
+            &s,
+            &format!(
+                "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+                 - name: dsh-fs-sandbox\n\
+                 - name: fixture-crashy\n{}\
+                 - name: fixture-greeter-consumer\n",
+                if isolated { "  isolate: process\n" } else { "" }
+            ),
+        );
         let (dir_a, dir_b) = (s.path().join("a"), s.path().join("b"));
         for d in [&dir_a, &dir_b] {
             std::fs::create_dir_all(d).expect("session dir");
@@ -602,13 +611,12 @@ fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_anot
 #[test]
 fn an_isolated_tool_escalates_only_with_an_approval_the_host_saw() {
     let s = Scratch::new();
-    s.manifest(
+    let rt = runtime_of(
+        &s,
         "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
          - name: dsh-fs-sandbox\n\
          - name: dsh-tool-fs\n  isolate: process\n",
     );
-    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
-    let rt = s.runtime_isolated();
     let project = s.path().join("project");
     std::fs::create_dir_all(&project).expect("project");
     let session = rt.sessions().create(&project).expect("session");
@@ -652,27 +660,16 @@ fn an_isolated_tool_escalates_only_with_an_approval_the_host_saw() {
 #[test]
 fn an_isolated_entry_over_its_memory_limit_ends_and_restarts() {
     let s = Scratch::new();
-    s.manifest(
+    let rt = runtime_of(
+        &s,
         "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
          - name: dsh-bash-sandbox\n- name: dsh-tool-bash\n\
          - name: fixture-crashy\n  isolate: process\n  memoryMib: 128\n",
     );
-    std::fs::create_dir_all(s.path().join("plugins")).expect("plugins dir");
-    let rt = s.runtime_isolated();
     let session = rt.sessions().create(&s.path()).expect("session");
     let other = rt.sessions().create(&s.path()).expect("another session");
     let before = serving_pid(&rt, &session);
-    let shell = {
-        let (rt, other) = (rt.clone(), other.clone());
-        std::thread::spawn(move || {
-            call_in(
-                &rt,
-                &other,
-                "bash",
-                json!({"command": "sleep 1; echo survived"}),
-            )
-        })
-    };
+    let shell = command_across(&rt, &other);
     let leaked = call_in(&rt, &session, "crash", json!({"how": "alloc"}));
     assert!(
         leaked.is_error

@@ -86,9 +86,7 @@ impl HostStatus {
     /// failure to write is logged (only `cordis services` misses it).
     pub fn publish(&mut self, composition: &Composition, state_dir: &Path) {
         self.update(composition);
-        if let Err(e) = self.write(state_dir) {
-            tracing::warn!("cannot write the host status for `cordis services`: {e}");
-        }
+        self.write_logged(state_dir);
     }
 
     /// Like [`HostStatus::publish`], only when the entries changed (an isolated entry's
@@ -97,9 +95,13 @@ impl HostStatus {
         let before = self.entries.clone();
         self.update(composition);
         if self.entries != before {
-            if let Err(e) = self.write(state_dir) {
-                tracing::warn!("cannot write the host status for `cordis services`: {e}");
-            }
+            self.write_logged(state_dir);
+        }
+    }
+
+    fn write_logged(&self, state_dir: &Path) {
+        if let Err(e) = self.write(state_dir) {
+            tracing::warn!("cannot write the host status for `cordis services`: {e}");
         }
     }
 

@@ -214,12 +214,12 @@ pub(crate) fn next_batch(
                 return Some(batch(state, Completed::Cargo));
             }
             (None, None) => {
-                if let Some(done) = complete(&state, &watched) {
+                if complete(&state, &watched).is_some() {
                     // What the watcher already has belongs to this batch too.
                     while let Ok(more) = rx.try_recv() {
                         take(more, &mut state);
                     }
-                    if complete(&state, &watched).is_some() {
+                    if let Some(done) = complete(&state, &watched) {
                         return Some(batch(state, Completed::AtOnce(done)));
                     }
                     continue;

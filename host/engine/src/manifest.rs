@@ -596,15 +596,24 @@ fn isolation(
         }
     };
     let mut isolation = crate::isolate::Isolation::default();
+    // A key of isolation on an entry that is not isolated is a mistake.
+    let only_isolated = |key: &str, n: &Node, why: &str, diags: &mut Vec<Diagnostic>| {
+        diags.push(
+            Diagnostic::new(
+                diag::ENTRY_TYPE,
+                format!("`{key}` applies only to an entry with `isolate: process`"),
+            )
+            .at(n.pos)
+            .help(format!("add `isolate: process`, or remove `{key}` ({why})")),
+        );
+    };
     if let Some(n) = memory {
         if !wanted {
-            diags.push(
-                Diagnostic::new(
-                    diag::ENTRY_TYPE,
-                    "`memoryMib` applies only to an entry with `isolate: process`",
-                )
-                .at(n.pos)
-                .help("add `isolate: process`, or remove `memoryMib` (an in-process plugin shares the host's memory)"),
+            only_isolated(
+                "memoryMib",
+                n,
+                "an in-process plugin shares the host's memory",
+                diags,
             );
             return None;
         }
@@ -632,13 +641,11 @@ fn isolation(
     }
     if let Some(n) = timeout {
         if !wanted {
-            diags.push(
-                Diagnostic::new(
-                    diag::ENTRY_TYPE,
-                    "`callTimeout` applies only to an entry with `isolate: process`",
-                )
-                .at(n.pos)
-                .help("add `isolate: process`, or remove `callTimeout` (an in-process call cannot be stopped)"),
+            only_isolated(
+                "callTimeout",
+                n,
+                "an in-process call cannot be stopped",
+                diags,
             );
             return None;
         }

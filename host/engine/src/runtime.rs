@@ -408,32 +408,29 @@ impl Runtime {
         let epoch = self.epoch.load(Ordering::SeqCst);
         let seq = match session {
             Some(id) => match self.host.sessions().last_seq(id) {
-                Ok(seq) => Some(seq),
+                Ok(seq) => seq,
                 // Not cached: whatever is wrong is for the contributions to report.
                 Err(_) => return self.compute_model_context(session),
             },
-            None => Some(0),
+            None => 0,
         };
         let key = session.map(str::to_string);
-        if let (Some(seq), Some((e, s, text))) = (
-            seq,
-            self.contexts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&key),
-        ) {
-            if *e == epoch && *s == seq {
-                return text.clone();
-            }
+        let cached = self
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .filter(|(e, s, _)| *e == epoch && *s == seq)
+            .map(|(_, _, text)| text.clone());
+        if let Some(text) = cached {
+            return text;
         }
         let text = self.compute_model_context(session);
-        if let Some(seq) = seq {
-            let mut contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
-            if contexts.len() >= MAX_CACHED_CONTEXTS {
-                contexts.clear();
-            }
-            contexts.insert(key, (epoch, seq, text.clone()));
+        let mut contexts = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
+        if contexts.len() >= MAX_CACHED_CONTEXTS {
+            contexts.clear();
         }
+        contexts.insert(key, (epoch, seq, text.clone()));
         text
     }
 

@@ -16,14 +16,16 @@ use cordis_sdk::{Error, Result};
 /// every thread serving the call, so a grant made on one is seen by the next nested call).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Scope {
+    /// The call (its `approved_modes` kept in `approved` instead).
     pub call: CurrentCall,
     approved: Arc<Mutex<Vec<String>>>,
 }
 
 impl Scope {
-    /// A new scope (no approvals yet).
-    pub(crate) fn new(call: CurrentCall) -> Self {
-        let approved = Arc::new(Mutex::new(call.approved_modes.clone()));
+    /// A new scope; the modes already approved for the call move to where later grants
+    /// are added.
+    pub(crate) fn new(mut call: CurrentCall) -> Self {
+        let approved = Arc::new(Mutex::new(std::mem::take(&mut call.approved_modes)));
         Scope { call, approved }
     }
 

@@ -122,12 +122,7 @@ fn handle(
                     format!("this entry provides no service `{name}`"),
                 ));
             };
-            let (cancel, progress) = placed(which, &fds);
-            let _scope = scope.map(|mut call| {
-                call.cancel_fd = cancel;
-                call.progress_fd = progress;
-                scope::enter(Scope::new(call))
-            });
+            let _scope = enter_sent(scope, placed(which, &fds));
             let answer = answer_service(&service, &method, &args);
             // The descriptors stay open until the call has returned.
             drop(fds);
@@ -240,6 +235,19 @@ fn placed(which: CallFds, fds: &[OwnedFd]) -> (Option<i32>, Option<i32>) {
     (cancel, progress)
 }
 
+/// Enters the call the host sent a request in, with the descriptors that came with it in
+/// this process (`(cancel, progress)`) in place of the host's.
+fn enter_sent(
+    scope: Option<CurrentCall>,
+    (cancel, progress): (Option<i32>, Option<i32>),
+) -> Option<scope::Entered> {
+    scope.map(|mut call| {
+        call.cancel_fd = cancel;
+        call.progress_fd = progress;
+        scope::enter(Scope::new(call))
+    })
+}
+
 /// Runs a tool call in `scope` with the descriptors that came with it in place of the
 /// host's.
 fn call_tool(
@@ -278,11 +286,7 @@ fn call_tool(
         }
     }
     let context = context.to_string();
-    let _scope = scope.map(|mut call| {
-        call.cancel_fd = cancel;
-        call.progress_fd = progress;
-        scope::enter(Scope::new(call))
-    });
+    let _scope = enter_sent(scope, (cancel, progress));
     let out = handle.call(RStr::from(context.as_str()), RStr::from(args));
     // The descriptors stay open until the call has returned.
     drop(fds);
