@@ -54,6 +54,8 @@ const NO_TRACING: &[libc::c_long] = &[
     libc::SYS_ptrace,
     libc::SYS_process_vm_readv,
     libc::SYS_process_vm_writev,
+    // Another process's descriptor, taken from it (the same access check as `ptrace`).
+    libc::SYS_pidfd_getfd,
 ];
 
 /// Installs this process's seccomp filter (for its future threads and children too):
@@ -132,7 +134,8 @@ mod tests {
 
     /// Run in a process of its own (this test binary again), since the filter cannot be
     /// taken off: no unix socket under the native numbering nor the x32 one, no reaching
-    /// into another process; other families and socket pairs still work.
+    /// into another process (nor take its descriptors); other families and socket pairs
+    /// still work.
     #[test]
     fn no_unix_socket_under_any_numbering_and_the_rest_still_works() {
         const CHILD: &str = "CORDIS_TEST_FORBID_UNIX_SOCKETS";
@@ -204,6 +207,11 @@ mod tests {
             assert_eq!(errno(), Some(libc::EACCES));
             assert_eq!(libc::ptrace(libc::PTRACE_ATTACH, libc::getppid(), 0, 0), -1);
             assert_eq!(errno(), Some(libc::EACCES));
+            let parent = libc::syscall(libc::SYS_pidfd_open, libc::getppid(), 0);
+            assert!(parent >= 0, "pidfd_open: {:?}", errno());
+            assert_eq!(libc::syscall(libc::SYS_pidfd_getfd, parent, 0, 0), -1);
+            assert_eq!(errno(), Some(libc::EACCES));
+            libc::close(parent as i32);
         }
     }
 }
