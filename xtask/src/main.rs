@@ -96,7 +96,7 @@ fn python_env() -> Result<PathBuf, String> {
 
 /// Debian packages the tests need beyond the Rust toolchain: `python3-venv` for the MCP
 /// client's venv, `strace` for the durability tests, `nginx` and `caddy` for the tests of
-/// README's proxy recipes (`deploy/`). Installed with apt-get when missing and this runs
+/// README's proxy recipes (`deploy/`), `curl` and `git` for the network allowlist's. Installed with apt-get when missing and this runs
 /// as root (as CI does); otherwise the error says what to install.
 fn system_packages() -> Result<(), String> {
     let works = |program: &str, args: &[&str]| {
@@ -117,6 +117,13 @@ fn system_packages() -> Result<(), String> {
     }
     if !works("caddy", &["version"]) {
         missing.push("caddy");
+    }
+    // The network allowlist's tests: real clients through the proxy.
+    if !works("curl", &["--version"]) {
+        missing.push("curl");
+    }
+    if !works("git", &["--version"]) {
+        missing.push("git");
     }
     if missing.is_empty() {
         return Ok(());

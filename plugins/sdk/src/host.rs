@@ -118,9 +118,10 @@ pub struct ApprovalRequest {
     pub detail: String,
     /// Why the model says it needs it.
     pub justification: String,
-    /// The sandbox mode a grant allows for this call, when the request is an escalation:
-    /// the host records a granted mode in the call's context ([`CurrentCall::approved_modes`])
-    /// so the policy owner can tell an approved mode from a claimed one.
+    /// What a grant allows, when the request is an escalation (a sandbox mode for this
+    /// call) or a host for the network allowlist (`network:HOST:PORT`): the host records a
+    /// granted one in the call's context ([`CurrentCall::approved_modes`]) so the policy
+    /// owner can tell an approved grant from a claimed one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
 }
@@ -184,8 +185,9 @@ pub struct CurrentCall {
     /// [`CurrentCall::cancel_fd`] and [`CurrentCall::progress_fd`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub crossed: bool,
-    /// The sandbox modes a person approved for this call through the host's `approval`
-    /// service ([`ApprovalRequest::mode`]), in the order granted.
+    /// What a person approved for this call through the host's `approval` service
+    /// ([`ApprovalRequest::mode`]: sandbox modes and `network:HOST:PORT` grants), in the
+    /// order granted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approved_modes: Vec<String>,
 }

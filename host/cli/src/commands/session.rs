@@ -94,7 +94,25 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
             }
             println!("events: {}", events.len());
             for e in events {
-                println!("  #{} {} {}", e.seq, e.kind, e.data);
+                match connections(&e) {
+                    Some(list) => {
+                        println!("  #{} {} ({} connections)", e.seq, e.kind, list.len());
+                        for c in list {
+                            println!(
+                                "      {} {} {}:{} ({}), {} B sent, {} B received, {} ms",
+                                if c.allowed { "allowed" } else { "refused" },
+                                c.method,
+                                c.host,
+                                c.port,
+                                c.rule,
+                                c.sent,
+                                c.received,
+                                c.millis
+                            );
+                        }
+                    }
+                    None => println!("  #{} {} {}", e.seq, e.kind, e.data),
+                }
             }
             runtime.shutdown();
         }
@@ -124,4 +142,15 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The proxy's decisions an event records (the network allowlist's `sandbox/network`),
+/// one line each; `None` for any other event (or one that does not parse: shown raw).
+fn connections(
+    event: &cordis_sdk::host::SessionEvent,
+) -> Option<Vec<dsh_sandbox::egress::Connection>> {
+    if event.kind != dsh_sandbox::egress::CONNECTIONS_EVENT {
+        return None;
+    }
+    serde_json::from_value(event.data.get("connections")?.clone()).ok()
 }

@@ -1,13 +1,17 @@
 //! `dsh-bash-local`: the unconfined `shell` backend. It runs every command with the shared
 //! runner (the environment policy applies, and nothing a command starts outlives it) and
 //! ignores the per-call policy; its capability fact is `sandbox_mode() = None`, so tools
-//! offer no escalation parameters on top of it.
+//! offer no escalation parameters on top of it. Unconfined means the network too: its
+//! commands reach every host the host reaches, whatever `network` the policy owner
+//! configures (it says so in the log when the policy has an allowlist).
 
 use cordis_sdk::host::{
     CallContextClient, CallContextService as _, ModelContextClient, CALL_CONTEXT,
 };
 use cordis_sdk::prelude::*;
-use dsh_sandbox::SandboxMode;
+use dsh_sandbox::{
+    ResolveArgs, SandboxMode, SandboxPolicy as _, SandboxPolicyClient, SANDBOX_POLICY,
+};
 use dsh_shell_api::{ExecRequest, ExecResult, Shell, ShellClient, SHELL};
 use dsh_shell_core::env::{EnvironmentContext, ENVIRONMENT_CONTEXT};
 use dsh_shell_core::EnvPolicy;
@@ -56,6 +60,7 @@ impl Plugin for BashLocalPlugin {
             .provides::<ShellClient>(SHELL)
             .provides::<ModelContextClient>(ENVIRONMENT_CONTEXT)
             .injects_optional::<CallContextClient>(CALL_CONTEXT)
+            .injects_optional::<SandboxPolicyClient>(SANDBOX_POLICY)
     }
 
     fn apply(ctx: &mut Context<'_>, config: Config) -> Result<Self> {
@@ -65,6 +70,16 @@ impl Plugin for BashLocalPlugin {
             ModelContextClient::serve(EnvironmentContext(env.clone())),
         )?;
         let calls = ctx.inject_optional(CALL_CONTEXT)?;
+        let policy: Option<SandboxPolicyClient> = ctx.inject_optional(SANDBOX_POLICY)?;
+        let allowlist = policy
+            .and_then(|p| p.resolve(ResolveArgs::default()).ok())
+            .is_some_and(|p| p.egress.is_some());
+        if allowlist {
+            tracing::warn!(
+                entry = %ctx.entry_id(),
+                "the policy's network allowlist is not enforced: dsh-bash-local runs commands unconfined, and they reach every host; compose dsh-bash-sandbox to enforce it"
+            );
+        }
         ctx.provide(SHELL, ShellClient::serve(LocalShell { env, calls }))?;
         tracing::info!(entry = %ctx.entry_id(), "unconfined shell ready");
         Ok(BashLocalPlugin)

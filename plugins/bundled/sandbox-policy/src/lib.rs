@@ -13,9 +13,11 @@ use cordis_sdk::host::{
     COMPOSITION, SESSIONS,
 };
 use cordis_sdk::prelude::*;
+use dsh_sandbox::egress::{Egress, Host, Rules, APPROVED_HOST_EVENT};
 use dsh_sandbox::{
-    is_within, EnforcedFamily, Fence, FileId, Limits, ResolveArgs, SandboxExecutionPolicy,
-    SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
+    is_within, ApproveHostArgs, EnforcedFamily, Fence, FileId, Limits, ResolveArgs,
+    SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs,
+    MODE_EVENT, SANDBOX_POLICY,
 };
 use serde::Deserializer;
 
@@ -35,11 +37,19 @@ pub struct Config {
     /// calls without a session; canonicalized when the plugin is applied and must exist.
     #[serde(default)]
     pub workspace_root: Option<PathBuf>,
-    /// Boolean; default `false`. Whether confined commands (`read-only` and
-    /// `workspace-write`) may use the network; off, a confined command has only its own
-    /// loopback and cannot create unix sockets. `danger-full-access` always may.
-    #[serde(default)]
-    pub network: bool,
+    /// `false` (default), `true`, or a map (the allowlist). Whether confined commands
+    /// (`read-only` and `workspace-write`) may use the network: off, a confined command
+    /// has only its own loopback and cannot create unix sockets; on, the host's network.
+    /// A map keeps the command's own network namespace and gives it one way out, an HTTP
+    /// proxy the shell backend runs for it, which reaches only the hosts the map allows:
+    /// `allow` and `deny` (host names, `*.domain`, `*`, IP addresses and CIDRs, each with
+    /// an optional `:port`; deny wins), `ask` (an unlisted host is put to a person; an
+    /// approval lasts for the session), `limited` (plain-HTTP GET, HEAD and OPTIONS only),
+    /// `allowPrivate` (CIDRs a name may resolve to although private or loopback) and
+    /// `resolver` (the DNS server the proxy asks). `danger-full-access` always may.
+    #[serde(default, deserialize_with = "network_field")]
+    #[schemars(with = "NetworkSchema")]
+    pub network: Network,
     /// Boolean; default `false`. With `network: true`, whether confined commands may
     /// create unix sockets, and so reach every daemon listening on a socket file the
     /// command can see (`docker.sock`, the session bus, an ssh agent). Without the network
@@ -210,6 +220,50 @@ fn folds_case(fs_type: Option<i64>, flags: Option<u64>) -> Option<&'static str> 
         .map(|_| "its directory is case-insensitive (the `+F` attribute)")
 }
 
+/// The `network` setting: all or nothing, or the allowlist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Network {
+    /// `false` or `true`.
+    All(bool),
+    /// A map: the allowlist.
+    Allowlist(Egress),
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network::All(false)
+    }
+}
+
+/// How `network` is written (for the schema).
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum NetworkSchema {
+    /// All or nothing.
+    All(bool),
+    /// The allowlist.
+    Allowlist(Egress),
+}
+
+/// Parses `network` (`true`, `false` or a map), naming the key and the field at fault.
+fn network_field<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Network, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Bool(on) => Ok(Network::All(on)),
+        map @ serde_json::Value::Object(_) => {
+            let egress = serde_json::from_value::<Egress>(map)
+                .map_err(|e| serde::de::Error::custom(format!("`network`: {e}")))?;
+            // The rules are checked where the config is (`cordis check` runs this too).
+            Rules::compile(&egress, &[])
+                .map_err(|bad| serde::de::Error::custom(format!("{bad}; {}", bad.help())))?;
+            Ok(Network::Allowlist(egress))
+        }
+        other => Err(serde::de::Error::custom(format!(
+            "`network`: expected `true`, `false` or a map (`allow`, `deny`, `ask`, `limited`, `allowPrivate`, `resolver`), found {other}"
+        ))),
+    }
+}
+
 /// Parses `mode`, naming the key and the allowed values when the spelling is wrong.
 fn mode_field<'de, D: Deserializer<'de>>(
     d: D,
@@ -237,6 +291,7 @@ struct Policy {
     /// The workspace root's identity when the config was loaded.
     workspace_root_id: FileId,
     network: bool,
+    egress: Option<Egress>,
     allow_unix_sockets: bool,
     writable_roots: Vec<PathBuf>,
     protected_paths: Vec<PathBuf>,
@@ -261,6 +316,7 @@ impl Policy {
         &self,
         mode: SandboxMode,
         (root, root_id): (PathBuf, FileId),
+        approved_hosts: Vec<String>,
     ) -> Result<SandboxExecutionPolicy> {
         if mode == SandboxMode::WorkspaceWrite {
             check_writable_root(&root, "the workspace root")?;
@@ -280,18 +336,56 @@ impl Policy {
             protected_paths,
             deny_read: self.deny_read.clone(),
             limits: self.limits,
+            egress: self.egress.clone(),
+            approved_hosts,
         })
+    }
+
+    /// The hosts a person approved for the session (`host:port`), when the allowlist
+    /// asks: its `sandbox/network-approved` events, replayed like mode switches.
+    fn approved_hosts(&self, id: &str) -> Result<Vec<String>> {
+        if !self.egress.as_ref().is_some_and(|e| e.ask) {
+            return Ok(Vec::new());
+        }
+        let events = self.events(id, APPROVED_HOST_EVENT)?;
+        let mut hosts = Vec::new();
+        for event in events {
+            let host = event
+                .data
+                .get("host")
+                .and_then(|h| h.as_str())
+                .and_then(Host::parse);
+            let port = event.data.get("port").and_then(|p| p.as_u64());
+            match (host, port) {
+                (Some(host), Some(port @ 1..=65535)) => hosts.push(format!("{host}:{port}")),
+                _ => {
+                    return Err(Error::new(
+                        codes::SANDBOX_FORGED_MODE,
+                        format!(
+                            "session `{id}`: event #{} ({APPROVED_HOST_EVENT}) names no valid host and port: {}",
+                            event.seq, event.data
+                        ),
+                    )
+                    .with_help("the session log was edited by hand or is corrupt; start a new session"))
+                }
+            }
+        }
+        Ok(hosts)
+    }
+
+    /// The session's events of one kind, oldest first.
+    fn events(&self, id: &str, kind: &str) -> Result<Vec<cordis_sdk::host::SessionEvent>> {
+        self.sessions
+            .events(EventQuery {
+                session: id.to_string(),
+                kind: Some(kind.to_string()),
+            })
+            .map_err(|e| session_error(id, e))
     }
 
     /// The session's standing mode from its log (last switch wins), rejecting forgeries.
     fn session_mode(&self, id: &str) -> Result<Option<SandboxMode>> {
-        let events = self
-            .sessions
-            .events(EventQuery {
-                session: id.to_string(),
-                kind: Some(MODE_EVENT.to_string()),
-            })
-            .map_err(|e| session_error(id, e))?;
+        let events = self.events(id, MODE_EVENT)?;
         dsh_sandbox::effective_sandbox_mode(&events).map_err(|forged| {
             Error::new(
                 codes::SANDBOX_FORGED_MODE,
@@ -312,6 +406,7 @@ impl SandboxPolicy for PolicyHandle {
             return self.policy(
                 mode.unwrap_or(self.default_mode),
                 (self.workspace_root.clone(), self.workspace_root_id),
+                Vec::new(),
             );
         };
         let info = self
@@ -323,7 +418,8 @@ impl SandboxPolicy for PolicyHandle {
         let standing = self.session_mode(&id)?.unwrap_or(self.default_mode);
         let mode = approved_mode(current.as_ref(), args.mode, standing)?;
         let root = pinned_root(&id, &info)?;
-        self.policy(mode.unwrap_or(standing), root)
+        let approved = self.approved_hosts(&id)?;
+        self.policy(mode.unwrap_or(standing), root, approved)
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {
@@ -342,6 +438,52 @@ impl SandboxPolicy for PolicyHandle {
                 session: id.clone(),
                 kind: MODE_EVENT.to_string(),
                 data: serde_json::json!({ "mode": args.mode.as_str() }),
+            })
+            .map_err(|e| session_error(&id, e))
+    }
+
+    fn approve_host(&self, args: ApproveHostArgs) -> Result<u64> {
+        let current = self.calls.current(())?;
+        let Some(id) = calling_session(current.as_ref(), args.session.clone())? else {
+            return Err(Error::invalid(
+                "a host is approved for a session, and this call is outside any",
+            )
+            .with_help("approve hosts during a session's call"));
+        };
+        if !self.egress.as_ref().is_some_and(|e| e.ask) {
+            return Err(Error::new(
+                codes::SANDBOX_BAD_NETWORK,
+                "the network allowlist does not ask (`ask: true`), so no host can be approved",
+            )
+            .with_help("set `ask: true` under `network` in the dsh-sandbox-policy config"));
+        }
+        let host = Host::parse(&args.host)
+            .filter(|_| args.port != 0)
+            .ok_or_else(|| {
+                Error::new(
+                    codes::SANDBOX_BAD_NETWORK,
+                    format!("`{}:{}` is not a host and port", args.host, args.port),
+                )
+                .with_help("approve a host name or address and a port from 1 to 65535")
+            })?;
+        if let Some(call) = &current {
+            if call.isolated_caller.is_some() && !call.approved_modes.contains(&args.grant()) {
+                return Err(Error::new(
+                    codes::SANDBOX_NOT_APPROVED,
+                    format!(
+                        "isolated entry `{}` approved {host}:{} without a person's approval for this call",
+                        call.isolated_caller.as_deref().unwrap_or_default(),
+                        args.port
+                    ),
+                )
+                .with_help("ask through the host's `approval` service first, with `mode` set to the grant (`network:HOST:PORT`)"));
+            }
+        }
+        self.sessions
+            .append(NewEvent {
+                session: id.clone(),
+                kind: APPROVED_HOST_EVENT.to_string(),
+                data: serde_json::json!({ "host": host.to_string(), "port": args.port }),
             })
             .map_err(|e| session_error(&id, e))
     }
@@ -577,6 +719,11 @@ impl Plugin for SandboxPolicyPlugin {
                 deny_read.push(state_dir);
             }
         }
+        let network = config.network == Network::All(true);
+        let egress = match config.network {
+            Network::Allowlist(egress) => Some(egress),
+            Network::All(_) => None,
+        };
         let policy = Policy {
             sessions,
             calls,
@@ -584,7 +731,8 @@ impl Plugin for SandboxPolicyPlugin {
             default_mode,
             workspace_root: workspace_root.clone(),
             workspace_root_id,
-            network: config.network,
+            network,
+            egress,
             allow_unix_sockets: config.allow_unix_sockets,
             writable_roots,
             protected_paths: path_rules("protectedPaths", &config.protected_paths)?,
@@ -597,6 +745,7 @@ impl Plugin for SandboxPolicyPlugin {
                 .policy(
                     SandboxMode::WorkspaceWrite,
                     (workspace_root.clone(), workspace_root_id),
+                    Vec::new(),
                 )
                 .unwrap_or_default(),
         )

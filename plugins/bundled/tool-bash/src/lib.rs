@@ -217,15 +217,14 @@ impl Plugin for ToolBashPlugin {
         };
         let escalating = Escalating::from_backend(shell.sandbox_mode(())?);
         // An unconfined shell always reaches the network; a confined one when the policy
-        // lets it.
-        let network = escalating == Escalating::NotOffered
-            || calls
-                .policy
-                .resolve(ResolveArgs {
-                    session: None,
-                    mode: None,
-                })?
-                .network;
+        // lets it (all of it, or the hosts of its allowlist).
+        let network = escalating == Escalating::NotOffered || {
+            let policy = calls.policy.resolve(ResolveArgs {
+                session: None,
+                mode: None,
+            })?;
+            policy.network || policy.egress.is_some()
+        };
         let options = ToolOptions::annotated(
             ToolAnnotations::titled("Run bash")
                 .read_only(false)

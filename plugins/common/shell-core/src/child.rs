@@ -86,10 +86,12 @@ pub enum Stage {
     Limits,
     /// Checking that each writable root cloned is the directory the fence checked.
     RootIdentity,
+    /// Opening the network proxy's port on the namespace's loopback and handing it over.
+    Proxy,
 }
 
 impl Stage {
-    const ALL: [Stage; 18] = [
+    const ALL: [Stage; 19] = [
         Stage::Session,
         Stage::Namespaces,
         Stage::IdMap,
@@ -108,6 +110,7 @@ impl Stage {
         Stage::Seccomp,
         Stage::Limits,
         Stage::RootIdentity,
+        Stage::Proxy,
     ];
 
     pub(crate) fn from_u32(n: u32) -> Option<Stage> {
@@ -127,6 +130,7 @@ impl Stage {
             Stage::DenyRead => "hiding a path the policy denies reading",
             Stage::Dev => "building the minimal /dev (tmpfs, device binds, devpts)",
             Stage::Loopback => "bringing up the loopback interface of the network namespace",
+            Stage::Proxy => "opening the network proxy's port in the network namespace",
             Stage::Fork => "forking",
             Stage::Proc => "mounting /proc for the pid namespace",
             Stage::Chdir => "changing to the working directory inside the sandbox",
@@ -164,7 +168,11 @@ impl Stage {
                 "let cordis move its own child processes between cgroups (write access to the cgroup file system), or turn the limits off with `limits: {memoryMib: 0, processes: 0}`"
             }
             Stage::RootIdentity => ROOT_MOVED_HELP,
-            Stage::Session | Stage::Loopback | Stage::Fork | Stage::Capabilities => {
+            Stage::Session
+            | Stage::Loopback
+            | Stage::Proxy
+            | Stage::Fork
+            | Stage::Capabilities => {
                 "this should not fail on Linux; check the process limits (`ulimit -u`)"
             }
         }
@@ -199,6 +207,9 @@ pub(crate) struct SandboxSpec {
     pub cwd: CString,
     /// Network on: no network namespace and no socket filter.
     pub network: bool,
+    /// The network allowlist: a listening socket on the namespace's loopback is handed
+    /// to the host ([`ChildPlan::egress`]), which serves it as the command's proxy.
+    pub proxy: bool,
     /// The prepared Landlock ruleset.
     pub landlock: OwnedFd,
     /// The Landlock rights granted beneath the view's own `/dev/shm` (a private tmpfs, so
@@ -223,6 +234,9 @@ pub(crate) struct ChildPlan {
     pub sandbox: Option<SandboxSpec>,
     /// The cgroups to enter and rlimits to set, first thing.
     pub limits: Option<ChildLimits>,
+    /// The supervisor's end of the unix socket pair the proxy's listening socket is sent
+    /// over (`SandboxSpec::proxy`); -1 without.
+    pub egress: RawFd,
 }
 
 fn errno() -> c_int {
@@ -288,11 +302,12 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
         plan.cancel.unwrap_or(-1),
         landlock,
         plan.status,
+        plan.egress,
     ]);
     libc::prctl(libc::PR_SET_NAME, c"dsh-supervisor".as_ptr(), 0, 0, 0);
     let supervisor = libc::getpid();
     match &plan.sandbox {
-        Some(spec) => enter_namespaces(spec, report),
+        Some(spec) => enter_namespaces(spec, report, plan.egress),
         None => check(
             report,
             Stage::Session,
@@ -382,7 +397,7 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
 }
 
 /// Closes every descriptor above 2 except `keep` (negative entries are ignored).
-unsafe fn close_all_but(keep: &[RawFd; 5]) {
+unsafe fn close_all_but(keep: &[RawFd; 6]) {
     let mut sorted = *keep;
     sorted.sort_unstable();
     let mut from: RawFd = 3;
@@ -650,7 +665,7 @@ unsafe fn read_only(dirfd: c_int, path: &CStr, flags: c_int) -> libc::c_long {
 
 /// In the supervisor: new namespaces, id maps, and the mount view (read-only `/`, the
 /// writable roots bound read-write, protected paths read-only again, a minimal `/dev`).
-unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd) {
+unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd, egress: RawFd) {
     let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -781,6 +796,61 @@ unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd) {
     if !spec.network {
         loopback_up(report);
     }
+    if spec.proxy {
+        open_proxy_port(report, egress);
+    }
+    if egress >= 0 {
+        libc::close(egress);
+    }
+}
+
+/// Listens on the proxy's port of the namespace's loopback and sends the listening
+/// socket over `egress` (`SCM_RIGHTS`): the host serves it, from its own network namespace.
+unsafe fn open_proxy_port(report: RawFd, egress: RawFd) {
+    let sock = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+    check(report, Stage::Proxy, sock as _);
+    let one: c_int = 1;
+    libc::setsockopt(
+        sock,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        (&one as *const c_int).cast(),
+        std::mem::size_of::<c_int>() as _,
+    );
+    let mut addr: libc::sockaddr_in = std::mem::zeroed();
+    addr.sin_family = libc::AF_INET as _;
+    addr.sin_port = dsh_sandbox::egress::PROXY_PORT.to_be();
+    addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    check(
+        report,
+        Stage::Proxy,
+        libc::bind(
+            sock,
+            (&addr as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as _,
+        ) as _,
+    );
+    check(report, Stage::Proxy, libc::listen(sock, 128) as _);
+    // One byte of data carrying the descriptor; the control buffer is sized and aligned
+    // for one `int` on the stack (no allocation after the fork).
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = [0u64; 4];
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as _;
+    let cmsg = libc::CMSG_FIRSTHDR(&msg);
+    (*cmsg).cmsg_level = libc::SOL_SOCKET;
+    (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+    (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as _;
+    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<c_int>(), sock);
+    check(report, Stage::Proxy, libc::sendmsg(egress, &msg, 0) as _);
+    libc::close(sock);
 }
 
 /// A fresh tmpfs on `/dev` holding the host's harmless device nodes (bound), a private

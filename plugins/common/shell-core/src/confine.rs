@@ -16,6 +16,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use dsh_sandbox::egress::Rules;
 use dsh_sandbox::{
     denial_marker, is_within, Fence, FileId, PathSet, RootMoved, SandboxExecutionPolicy,
     SandboxMode, SearchError,
@@ -141,6 +142,13 @@ pub enum ConfineError {
         /// What seccompiler said.
         reason: String,
     },
+    /// The policy's network allowlist does not parse (the policy owner checks it when it is
+    /// configured, so this is a policy from elsewhere).
+    #[error("the network allowlist cannot be enforced: {reason}")]
+    Network {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A setup step in the command's process failed; nothing was run.
     #[error("the sandbox could not be set up: {doing} failed: {source}", doing = stage.doing())]
     Setup {
@@ -188,6 +196,9 @@ impl ConfineError {
                 "run on x86_64 or aarch64, or compose `dsh-bash-local` to run commands unconfined on purpose".to_string()
             }
             ConfineError::Setup { stage, .. } => stage.help().to_string(),
+            ConfineError::Network { .. } => {
+                "fix the `network` rules in the dsh-sandbox-policy config (`cordis check` names the entry)".to_string()
+            }
             ConfineError::RootMoved(_) => crate::child::ROOT_MOVED_HELP.to_string(),
             ConfineError::Ruleset { .. } | ConfineError::NotEnforced => format!(
                 "run on Linux 6.10 or newer with Landlock enabled (`landlock` in the `lsm=` boot parameter, Landlock ABI {} or newer), or compose `dsh-bash-local` to run commands unconfined on purpose",
@@ -203,6 +214,8 @@ impl ConfineError {
 pub struct Confinement {
     pub(crate) spec: SandboxSpec,
     pub(crate) limits: CommandLimits,
+    /// The network allowlist the command's proxy enforces; `None`: no proxy.
+    pub(crate) egress: Option<Rules>,
 }
 
 fn c_path(path: &Path) -> Result<CString, ConfineError> {
@@ -224,6 +237,14 @@ impl Confinement {
         let Some(roots) = granted(policy.mode, &fence) else {
             return Ok(None);
         };
+        let egress = policy
+            .egress
+            .as_ref()
+            .map(|e| Rules::compile(e, &policy.approved_hosts))
+            .transpose()
+            .map_err(|e| ConfineError::Network {
+                reason: e.to_string(),
+            })?;
         let landlock = landlock_ruleset(&roots, &fence)?;
         let limits = CommandLimits::prepare(&policy.limits)?;
         let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
@@ -407,13 +428,15 @@ impl Confinement {
                 hidden_dirs: c_paths(&hidden_dirs)?,
                 hidden_files: c_paths(&hidden_files)?,
                 cwd: CString::default(),
-                network: policy.network,
+                network: policy.network && egress.is_none(),
+                proxy: egress.is_some(),
                 landlock,
                 shm_access: rights_for(Path::new("/"), AccessFs::from_write(PINNED_ABI)).bits(),
                 seccomp: crate::syscalls::seccomp_filter(crate::syscalls::Setting::of(policy))
                     .map_err(|reason| ConfineError::Seccomp { reason })?,
             },
             limits,
+            egress,
         }))
     }
 }

@@ -17,10 +17,11 @@ mod child;
 pub mod confine;
 pub mod env;
 mod limits;
+pub mod proxy;
 mod run;
 mod syscalls;
 
 pub use child::Stage;
 pub use confine::{flag_denial, granted_write_roots, ConfineError, Confinement, PINNED_ABI};
 pub use env::EnvPolicy;
-pub use run::{run, RunError};
+pub use run::{run, run_with, Network, RunError};

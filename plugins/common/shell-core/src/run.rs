@@ -15,9 +15,32 @@ use std::time::{Duration, Instant};
 
 use dsh_shell_api::{codes, ExecRequest, ExecResult, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_MS};
 
+use dsh_sandbox::egress::{Connection, NO_PROXY, PROXY_URL, PROXY_VARIABLES};
+
 use crate::child::{self, ChildPlan, Stage};
 use crate::confine::{ConfineError, Confinement};
 use crate::env::EnvPolicy;
+use crate::proxy::Proxy;
+
+/// What a backend does for the network proxy of a command under an allowlist.
+pub trait Network {
+    /// Whether a person approves `host:port` for the rest of the session (the allowlist's
+    /// `ask`). Called on the thread that called [`run_with`], so the host's context of
+    /// the call applies; the command waits meanwhile.
+    fn approve(&mut self, host: &str, port: u16) -> bool;
+    /// The proxy's decisions, once the command is over.
+    fn record(&mut self, connections: Vec<Connection>);
+}
+
+/// No one to ask and nowhere to record (decisions are still logged at debug).
+struct Unattended;
+
+impl Network for Unattended {
+    fn approve(&mut self, _host: &str, _port: u16) -> bool {
+        false
+    }
+    fn record(&mut self, _connections: Vec<Connection>) {}
+}
 
 /// How long the supervisor may take to kill the command and exit after it was told to, and
 /// then how long the pipes may stay open, before the host kills the supervisor's group and
@@ -82,10 +105,29 @@ fn bash() -> &'static Path {
     })
 }
 
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1; 2];
     // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A unix socket pair (`SOCK_SEQPACKET`, close-on-exec): the host's end and the child's.
+fn socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
+    let ret = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if ret != 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: both descriptors were just created and are owned by nobody else.
@@ -121,6 +163,17 @@ pub fn run(
     confinement: Option<Confinement>,
     env: &EnvPolicy,
 ) -> Result<ExecResult, RunError> {
+    run_with(request, confinement, env, &mut Unattended)
+}
+
+/// [`run`], with `network` answering the allowlist's approvals and keeping the proxy's
+/// decisions (a confinement with a network allowlist only).
+pub fn run_with(
+    request: &ExecRequest,
+    confinement: Option<Confinement>,
+    env: &EnvPolicy,
+    network: &mut dyn Network,
+) -> Result<ExecResult, RunError> {
     if !request.cwd.is_absolute() || !request.cwd.is_dir() {
         return Err(RunError::BadCwd {
             cwd: request.cwd.clone(),
@@ -145,17 +198,30 @@ pub fn run(
         .arg(&request.command)
         .current_dir(&request.cwd)
         .env_clear()
-        .envs(env.apply(std::env::vars_os()))
-        .envs(request.env.iter().map(|(k, v)| (k, v)))
+        .envs(env.apply(std::env::vars_os()));
+    let rules = confinement.as_ref().and_then(|c| c.egress.clone());
+    if rules.is_some() {
+        // The proxy is the one way out of the command's network namespace; these point
+        // its tools at it (a tool that ignores them reaches nothing).
+        cmd.envs(PROXY_VARIABLES.map(|k| (k, PROXY_URL)))
+            .envs([("NO_PROXY", NO_PROXY), ("no_proxy", NO_PROXY)]);
+    }
+    cmd.envs(request.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let (control_rd, control_wr) = pipe().map_err(spawn_err)?;
     let (report_rd, report_wr) = pipe().map_err(spawn_err)?;
     let (status_rd, status_wr) = pipe().map_err(spawn_err)?;
+    let egress = match rules {
+        Some(_) => Some(socket_pair().map_err(spawn_err)?),
+        None => None,
+    };
     let (sandbox, limits) = match confinement {
         None => (None, None),
-        Some(Confinement { mut spec, limits }) => {
+        Some(Confinement {
+            mut spec, limits, ..
+        }) => {
             spec.cwd = CString::new(request.cwd.as_os_str().as_bytes()).map_err(|_| {
                 ConfineError::BadPath {
                     path: request.cwd.clone(),
@@ -171,6 +237,7 @@ pub fn run(
         status: status_wr.as_raw_fd(),
         sandbox,
         limits: limits.as_ref().map(|l| l.child(timeout)),
+        egress: egress.as_ref().map_or(-1, |(_, child)| child.as_raw_fd()),
     };
     // SAFETY: `supervise` only makes async-signal-safe system calls on data built before
     // the fork; the descriptors it names stay open until `spawn` returns.
@@ -182,6 +249,7 @@ pub fn run(
     drop(control_rd);
     drop(report_wr);
     drop(status_wr);
+    let egress = egress.map(|(host, _child)| host);
     let mut child = spawned.map_err(spawn_err)?;
     if let Some((stage, errno)) = read_report(report_rd) {
         let _ = child.wait();
@@ -193,15 +261,53 @@ pub fn run(
             None => spawn_err(io::Error::from_raw_os_error(errno)),
         });
     }
+    let (tx, rx) = mpsc::channel();
+    let proxy = match (egress, rules) {
+        (Some(channel), Some(rules)) => {
+            let asks = Mutex::new(tx.clone());
+            let asker: crate::proxy::Asker = Box::new(move |host: &str, port: u16| {
+                let (reply, answer) = mpsc::channel();
+                let sent = asks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .send(Done::Ask {
+                        host: host.to_string(),
+                        port,
+                        reply,
+                    });
+                sent.is_ok() && answer.recv().unwrap_or(false)
+            });
+            let served = crate::proxy::receive_listener(&channel)
+                .and_then(|listener| Proxy::serve(listener, rules, Some(asker)));
+            match served {
+                Ok(proxy) => Some(proxy),
+                Err(source) => {
+                    kill_group(child.id());
+                    let _ = child.wait();
+                    return Err(RunError::Sandbox(ConfineError::Setup {
+                        stage: Stage::Proxy,
+                        source,
+                    }));
+                }
+            }
+        }
+        _ => None,
+    };
     let progress = request.progress_fd.filter(|fd| valid_fd(*fd));
-    let mut result = supervise(
+    let result = supervise(
         child,
+        (tx, rx),
         control_wr,
         status_rd,
         started + timeout,
         limit,
         progress,
-    )?;
+        network,
+    );
+    if let Some(proxy) = proxy {
+        network.record(proxy.finish());
+    }
+    let mut result = result?;
     // Cancelled only if it was cut short: a command that finished as the cancellation came
     // in reports how it finished.
     result.cancelled =
@@ -234,6 +340,12 @@ struct Capture {
 enum Done {
     Stream,
     Exited(io::Result<ExitStatus>),
+    /// The proxy asks whether a person approves an unlisted host.
+    Ask {
+        host: String,
+        port: u16,
+        reply: Sender<bool>,
+    },
 }
 
 /// Reads `pipe` to EOF, keeping at most `limit` bytes but never stopping early.
@@ -275,17 +387,19 @@ fn kill_group(pgid: u32) {
 /// Waits for the supervisor and both pipes until `deadline`; then closes the control pipe
 /// (the supervisor kills everything and exits), and if that does not end it within
 /// [`KILL_GRACE`], kills the supervisor's process group.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     mut child: Child,
+    (tx, rx): (Sender<Done>, mpsc::Receiver<Done>),
     control: OwnedFd,
     status: OwnedFd,
     deadline: Instant,
     limit: u64,
     progress: Option<RawFd>,
+    network: &mut dyn Network,
 ) -> Result<ExecResult, RunError> {
     let pgid = child.id();
     let mut control = Some(control);
-    let (tx, rx) = mpsc::channel();
     let out = Arc::new(Mutex::new(Capture::default()));
     let err = Arc::new(Mutex::new(Capture::default()));
     let helper = |name: &str, f: Box<dyn FnOnce() + Send>| -> Result<(), RunError> {
@@ -363,6 +477,9 @@ fn supervise(
                 }
             }
             Ok(Done::Stream) => pending -= 1,
+            Ok(Done::Ask { host, port, reply }) => {
+                let _ = reply.send(network.approve(&host, port));
+            }
             Ok(Done::Exited(s)) => {
                 pending -= 1;
                 status = s.ok();

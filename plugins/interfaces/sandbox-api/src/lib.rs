@@ -185,6 +185,16 @@ pub struct SandboxExecutionPolicy {
     /// The resource limits of every confined command (the configured `limits`).
     #[serde(default)]
     pub limits: Limits,
+    /// The network allowlist (`network:` configured as a map): with it, `network` is off
+    /// (the command keeps its own network namespace) and the command reaches the hosts it
+    /// allows through a proxy the shell backend runs for it. A backend that does not know
+    /// this field runs the command without network: it fails closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<egress::Egress>,
+    /// The hosts (`host:port`) a person approved for this call's session with the
+    /// allowlist's `ask` (its `sandbox/network-approved` events).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved_hosts: Vec<String>,
 }
 
 /// Which directory (or file) a path named when it was checked: its device and inode. A
@@ -253,6 +263,7 @@ impl Default for Limits {
     }
 }
 
+pub mod egress;
 pub mod fence;
 mod git;
 /// Stand-ins for plugin tests (feature `testing`).
@@ -363,10 +374,24 @@ pub fn policy_text(policy: &SandboxExecutionPolicy) -> String {
         ),
         SandboxMode::DangerFullAccess => return "Current DSH file policy: danger-full-access. The DSH file sandbox does not restrict file modifications by available operations.".to_string(),
     };
-    let network = if policy.network {
-        "Sandboxed commands may use the network."
+    let network = if let Some(egress) = &policy.egress {
+        let mut text = egress::Rules::describe(egress);
+        if !policy.approved_hosts.is_empty() {
+            text.push_str(&format!(
+                " Approved for this session: {}.",
+                policy
+                    .approved_hosts
+                    .iter()
+                    .map(|h| format!("`{h}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        text
+    } else if policy.network {
+        "Sandboxed commands may use the network.".to_string()
     } else {
-        "Sandboxed commands have no network access (only their own loopback) and cannot connect to unix sockets."
+        "Sandboxed commands have no network access (only their own loopback) and cannot connect to unix sockets.".to_string()
     };
     format!("{files} {network}")
 }
@@ -595,6 +620,25 @@ pub struct ResolveArgs {
     pub mode: Option<SandboxMode>,
 }
 
+/// Arguments of `approve_host`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApproveHostArgs {
+    /// The session; `None`: the calling one.
+    pub session: Option<String>,
+    /// The host as the command named it.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+}
+
+impl ApproveHostArgs {
+    /// The grant as the host's approval service records it for the call
+    /// ([`cordis_sdk::host::ApprovalRequest::mode`]): `network:HOST:PORT`.
+    pub fn grant(&self) -> String {
+        format!("network:{}:{}", self.host, self.port)
+    }
+}
+
 /// Arguments of `set_sandbox_mode`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetModeArgs {
@@ -609,8 +653,9 @@ pub struct SetModeArgs {
 /// refuses its config with the last two.
 pub mod codes {
     cordis_sdk::error_codes! {
-        /// A session's `sandbox/mode` event holds a value outside the closed vocabulary (the
-        /// log was edited or is corrupt); the session cannot be used.
+        /// A session's `sandbox/mode` event holds a value outside the closed vocabulary, or
+        /// a `sandbox/network-approved` event names no valid host and port (the log was
+        /// edited or is corrupt); the session cannot be used.
         SANDBOX_FORGED_MODE;
         /// The session could not be read from the host's session store.
         SANDBOX_UNKNOWN_SESSION;
@@ -622,6 +667,9 @@ pub mod codes {
         SANDBOX_BAD_PATH;
         /// The host's state directory lies inside a writable root.
         SANDBOX_STATE_DIR_WRITABLE;
+        /// A host approval names no valid host and port, or the network allowlist does
+        /// not ask.
+        SANDBOX_BAD_NETWORK;
         /// A call that came from an isolated entry asked for a mode wider than its
         /// session's, and no person approved that mode for the call (through the host's
         /// `approval` service).
@@ -670,6 +718,10 @@ cordis_sdk::interface! {
         fn workspace_root(&self, unit: ()) -> PathBuf;
         /// Records a session's standing mode switch (one `sandbox/mode` event).
         fn set_sandbox_mode(&self, args: SetModeArgs) -> u64;
+        /// Records a host a person approved for the rest of the session (one
+        /// `sandbox/network-approved` event). From an isolated caller, only when the host
+        /// recorded that approval for the call ([`ApproveHostArgs::grant`]).
+        fn approve_host(&self, args: ApproveHostArgs) -> u64;
         /// Registers an enforcing family; returns a token for `unregister_enforced_family`.
         fn register_enforced_family(&self, family: EnforcedFamily) -> u64;
         /// Withdraws one contribution.

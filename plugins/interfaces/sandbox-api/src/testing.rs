@@ -18,8 +18,8 @@ use cordis_sdk::abi::ServiceBox;
 use cordis_sdk::Result;
 
 use crate::{
-    policy_text, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy,
-    SandboxPolicyClient, SetModeArgs,
+    policy_text, ApproveHostArgs, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
+    SandboxPolicy, SandboxPolicyClient, SetModeArgs,
 };
 
 /// A `sandboxPolicy` that resolves every call to one fixed policy: its mode is the call's
@@ -37,6 +37,8 @@ pub struct FixedPolicy {
 struct State {
     session_modes: HashMap<String, SandboxMode>,
     families: Vec<(u64, EnforcedFamily)>,
+    /// Hosts approved with `approve_host` (`host:port`), for every session.
+    approved_hosts: Vec<String>,
     next: u64,
 }
 
@@ -75,10 +77,12 @@ impl SandboxPolicy for FixedPolicy {
             .session
             .as_ref()
             .and_then(|s| self.state().session_modes.get(s).copied());
-        Ok(SandboxExecutionPolicy {
-            mode: args.mode.or(standing).unwrap_or(self.policy.mode),
-            ..self.policy.clone()
-        })
+        let mut policy = self.policy.clone();
+        policy.mode = args.mode.or(standing).unwrap_or(self.policy.mode);
+        policy
+            .approved_hosts
+            .extend(self.state().approved_hosts.iter().cloned());
+        Ok(policy)
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {
@@ -92,6 +96,14 @@ impl SandboxPolicy for FixedPolicy {
     fn set_sandbox_mode(&self, args: SetModeArgs) -> Result<u64> {
         let mut state = self.state();
         state.session_modes.insert(args.session, args.mode);
+        state.next += 1;
+        Ok(state.next)
+    }
+
+    fn approve_host(&self, args: ApproveHostArgs) -> Result<u64> {
+        let host = crate::egress::Host::parse(&args.host).map_or(args.host, |h| h.to_string());
+        let mut state = self.state();
+        state.approved_hosts.push(format!("{host}:{}", args.port));
         state.next += 1;
         Ok(state.next)
     }
