@@ -4,6 +4,7 @@
 
 mod confine;
 mod diagnostics;
+mod doctor;
 mod durability;
 mod fs;
 mod harness;

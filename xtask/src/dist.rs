@@ -6,6 +6,7 @@
 //!   bin/cordis
 //!   lib/cordis/plugins/lib*.so            the bundled plugins (found by bin/cordis)
 //!   share/cordis/cordis.yml               the bundled composition
+//!   share/cordis/apparmor/cordis          the AppArmor profile granting `userns`
 //!   share/cordis/schemas/                 the manifest's and the bundled plugins' schemas
 //!                                         (the manifest's `$schema` is relative)
 //!   share/man/man1/cordis.1
@@ -82,6 +83,10 @@ pub fn dist(args: &[String]) -> Result<(), String> {
         copy(&built.join(&file), &format!("lib/cordis/plugins/{file}"))?;
     }
     copy(&root().join("cordis.yml"), "share/cordis/cordis.yml")?;
+    copy(
+        &root().join("deploy/apparmor/cordis"),
+        "share/cordis/apparmor/cordis",
+    )?;
     let schemas = root().join("schemas");
     for entry in std::fs::read_dir(&schemas).map_err(|e| format!("{}: {e}", schemas.display()))? {
         let path = entry.map_err(|e| e.to_string())?.path();

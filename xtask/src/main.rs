@@ -96,7 +96,8 @@ fn python_env() -> Result<PathBuf, String> {
 
 /// Debian packages the tests need beyond the Rust toolchain: `python3-venv` for the MCP
 /// client's venv, `strace` for the durability tests, `nginx` and `caddy` for the tests of
-/// README's proxy recipes (`deploy/`), `curl` and `git` for the network allowlist's. Installed with apt-get when missing and this runs
+/// README's proxy recipes (`deploy/`), `curl` and `git` for the network allowlist's,
+/// `apparmor` (`apparmor_parser`) for the AppArmor profile's. Installed with apt-get when missing and this runs
 /// as root (as CI does); otherwise the error says what to install.
 fn system_packages() -> Result<(), String> {
     let works = |program: &str, args: &[&str]| {
@@ -124,6 +125,12 @@ fn system_packages() -> Result<(), String> {
     }
     if !works("git", &["--version"]) {
         missing.push("git");
+    }
+    // The AppArmor profile's test parses it.
+    if !works("apparmor_parser", &["--version"])
+        && !works("/usr/sbin/apparmor_parser", &["--version"])
+    {
+        missing.push("apparmor");
     }
     if missing.is_empty() {
         return Ok(());

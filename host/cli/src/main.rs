@@ -54,6 +54,16 @@ enum Command {
     },
     /// Generate `schemas/` (each plugin's config schema and the manifest schema).
     Schema(commands::schema::SchemaArgs),
+    /// Check that this host can run the composition as configured: each layer of the
+    /// confinement tried for real (Landlock, user namespaces and their loopback, seccomp,
+    /// cgroups, a confined `true`), the state directory, the plugin search path, the HTTP
+    /// token source; ok, MISSING, degraded or not needed, each with its fix (exit 1 when
+    /// something needed is missing)
+    Doctor {
+        /// `human` or `json` (`{"manifest", "runs", "checks": [{"check", "status", "detail", "fix"}]}`)
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
     /// Load the composition and serve its tools over MCP on stdio until the client
     /// disconnects or SIGINT/SIGTERM; reload changed plugins and cordis.yml while serving.
     Run(commands::run::RunArgs),
@@ -139,6 +149,7 @@ fn main() -> ExitCode {
     let keeps_state = !matches!(
         cli.command,
         Command::Check { .. }
+            | Command::Doctor { .. }
             | Command::Schema(_)
             | Command::New { .. }
             | Command::Plugin(_)
@@ -188,6 +199,11 @@ fn main() -> ExitCode {
         } => commands::check::explain(&code),
         Command::Check { format, .. } => commands::check::check(&host, format),
         Command::Schema(args) => commands::schema::schema(&host, args),
+        Command::Doctor { format } => commands::doctor::doctor(
+            &host,
+            cordis_engine::default_state_dir(cli.state_dir.as_deref()),
+            format,
+        ),
         Command::Run(args) => commands::run::run(host, &state_dir, args),
         Command::Services => commands::services::services(&host, &state_dir),
         Command::Tools => commands::tools::tools(&host),

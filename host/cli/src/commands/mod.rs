@@ -2,6 +2,7 @@
 
 pub(crate) mod call;
 pub(crate) mod check;
+pub(crate) mod doctor;
 pub(crate) mod new;
 pub(crate) mod plugin;
 pub(crate) mod run;

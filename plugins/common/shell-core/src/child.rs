@@ -253,7 +253,7 @@ unsafe fn fail(report: RawFd, stage: Stage, err: c_int) -> ! {
 }
 
 /// `Ok` or the step's failure.
-unsafe fn check(report: RawFd, stage: Stage, ret: libc::c_long) {
+pub(crate) unsafe fn check(report: RawFd, stage: Stage, ret: libc::c_long) {
     if ret < 0 {
         fail(report, stage, errno());
     }
@@ -675,16 +675,7 @@ unsafe fn enter_namespaces(spec: &SandboxSpec, report: RawFd, egress: RawFd) {
         flags |= libc::CLONE_NEWNET;
     }
     check(report, Stage::Namespaces, libc::unshare(flags) as _);
-    match write_file(c"/proc/self/setgroups", c"deny") {
-        Err(e) if e != libc::ENOENT => fail(report, Stage::IdMap, e),
-        _ => {}
-    }
-    if let Err(e) = write_file(c"/proc/self/uid_map", &spec.uid_map) {
-        fail(report, Stage::IdMap, e);
-    }
-    if let Err(e) = write_file(c"/proc/self/gid_map", &spec.gid_map) {
-        fail(report, Stage::IdMap, e);
-    }
+    map_ids(report, &spec.uid_map, &spec.gid_map);
     check(
         report,
         Stage::Mounts,
@@ -853,6 +844,20 @@ unsafe fn open_proxy_port(report: RawFd, egress: RawFd) {
     libc::close(sock);
 }
 
+/// In a new user namespace: `setgroups` denied, then the user and group maps written.
+pub(crate) unsafe fn map_ids(report: RawFd, uid_map: &CStr, gid_map: &CStr) {
+    match write_file(c"/proc/self/setgroups", c"deny") {
+        Err(e) if e != libc::ENOENT => fail(report, Stage::IdMap, e),
+        _ => {}
+    }
+    if let Err(e) = write_file(c"/proc/self/uid_map", uid_map) {
+        fail(report, Stage::IdMap, e);
+    }
+    if let Err(e) = write_file(c"/proc/self/gid_map", gid_map) {
+        fail(report, Stage::IdMap, e);
+    }
+}
+
 /// A fresh tmpfs on `/dev` holding the host's harmless device nodes (bound), a private
 /// devpts instance, the usual links, and a private `/dev/shm`; then `/dev` read-only.
 unsafe fn build_dev(nodes: &[c_int; DEV_NODES.len()], report: RawFd) {
@@ -931,7 +936,7 @@ unsafe fn build_dev(nodes: &[c_int; DEV_NODES.len()], report: RawFd) {
 }
 
 /// `ip link set lo up` in the new network namespace: the command's own loopback.
-unsafe fn loopback_up(report: RawFd) {
+pub(crate) unsafe fn loopback_up(report: RawFd) {
     let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
     check(report, Stage::Loopback, sock as _);
     let mut ifr: libc::ifreq = std::mem::zeroed();

@@ -17,6 +17,7 @@ mod child;
 pub mod confine;
 pub mod env;
 mod limits;
+pub mod probe;
 pub mod proxy;
 mod run;
 mod syscalls;

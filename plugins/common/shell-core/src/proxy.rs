@@ -21,7 +21,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -670,15 +670,15 @@ fn splice(client: &TcpStream, server: &TcpStream, both: bool) -> (u64, u64) {
         std::thread::Builder::new()
             .name("dsh-proxy-up".into())
             .spawn(move || match (c, s) {
-                (Ok(mut c), Ok(mut s)) => {
-                    let n = io::copy(&mut c, &mut s).unwrap_or(0);
+                (Ok(c), Ok(s)) => {
+                    let n = pump(&c, &s);
                     let _ = s.shutdown(Shutdown::Write);
                     n
                 }
                 _ => 0,
             })
     });
-    let received = io::copy(&mut &*server, &mut &*client).unwrap_or(0);
+    let received = pump(server, client);
     let _ = client.shutdown(Shutdown::Write);
     let sent = match upstream {
         Some(Ok(thread)) => thread.join().unwrap_or(0),
@@ -688,6 +688,67 @@ fn splice(client: &TcpStream, server: &TcpStream, both: bool) -> (u64, u64) {
         }
     };
     (sent, received)
+}
+
+/// How much one `splice` moves at most (and the pipe's size, where the kernel allows).
+const PUMP_CHUNK: usize = 1 << 20;
+
+/// Copies `from` to `to` until `from` ends (or either fails): through a pipe with `splice`,
+/// so the bytes never enter this process, or by reads and writes where the kernel refuses
+/// to splice. The bytes copied.
+fn pump(from: &TcpStream, to: &TcpStream) -> u64 {
+    let copy = || io::copy(&mut &*from, &mut &*to).unwrap_or(0);
+    let Ok((rd, wr)) = crate::run::pipe() else {
+        return copy();
+    };
+    // SAFETY: F_SETPIPE_SZ on a pipe this function owns; a refusal keeps the default size.
+    unsafe {
+        libc::fcntl(
+            wr.as_raw_fd(),
+            libc::F_SETPIPE_SZ,
+            PUMP_CHUNK as libc::c_int,
+        )
+    };
+    let splice = |from: RawFd, to: RawFd, len: usize| {
+        // SAFETY: plain splice between descriptors that outlive the call; no offsets.
+        unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE,
+            )
+        }
+    };
+    let mut total = 0u64;
+    loop {
+        let n = splice(from.as_raw_fd(), wr.as_raw_fd(), PUMP_CHUNK);
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EINVAL) if total == 0 => return copy(),
+                _ => return total,
+            }
+        }
+        if n == 0 {
+            return total;
+        }
+        let mut left = n as usize;
+        while left > 0 {
+            let m = splice(rd.as_raw_fd(), to.as_raw_fd(), left);
+            if m < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            if m <= 0 {
+                return total;
+            }
+            left -= m as usize;
+            total += m as u64;
+        }
+    }
 }
 
 /// Receives the listening socket the supervisor sent over `channel` (one `SCM_RIGHTS`

@@ -318,7 +318,7 @@ pub fn run_with(
 
 /// Reads the report pipe to its end (the shell's `exec` closes it): a setup failure's
 /// stage and errno, if one was written.
-fn read_report(fd: OwnedFd) -> Option<(Option<Stage>, i32)> {
+pub(crate) fn read_report(fd: OwnedFd) -> Option<(Option<Stage>, i32)> {
     let mut file = std::fs::File::from(fd);
     let mut record = Vec::with_capacity(8);
     let _ = file.read_to_end(&mut record);

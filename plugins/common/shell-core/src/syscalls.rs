@@ -221,7 +221,7 @@ impl Setting {
 }
 
 /// The Landlock ABI version of this kernel (0 without Landlock).
-fn landlock_abi() -> i64 {
+pub(crate) fn landlock_abi() -> i64 {
     /// `LANDLOCK_CREATE_RULESET_VERSION`.
     const VERSION: libc::c_uint = 1;
     // SAFETY: with this flag the call only reports the version; no pointer is read.
