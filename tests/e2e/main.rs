@@ -16,4 +16,5 @@ mod protect;
 mod reload;
 mod scaffold;
 mod shell;
+mod tier;
 mod tools;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use cordis_engine::Host;
+use dsh_sandbox::ConfinementTier;
 use dsh_shell_core::probe;
 use serde::Serialize;
 
@@ -78,6 +79,8 @@ struct Needs {
     cgroups: bool,
     /// Its policy has a network allowlist (the proxy on the namespace's loopback).
     allowlist: bool,
+    /// The policy's confinement tier (`landlock-only` makes no namespaces).
+    tier: ConfinementTier,
 }
 
 fn needs_of(host: &Host) -> (Needs, Vec<Item>) {
@@ -123,6 +126,10 @@ fn needs_of(host: &Host) -> (Needs, Vec<Item>) {
     let cgroups = confinement
         && (limit("memoryMib").is_none_or(|v| v > 0) || limit("processes").is_none_or(|v| v > 0));
     let allowlist = confinement && policy.get("network").is_some_and(|n| n.is_object());
+    let tier = policy
+        .get("confinement")
+        .and_then(|t| serde_json::from_value(t.clone()).ok())
+        .unwrap_or_default();
     // The search path: which library each entry loads, and what it shadows.
     let mut lines = Vec::new();
     for planned in entries {
@@ -170,6 +177,7 @@ fn needs_of(host: &Host) -> (Needs, Vec<Item>) {
             confinement,
             cgroups,
             allowlist,
+            tier,
         },
         items,
     )
@@ -231,6 +239,14 @@ fn confinement_items(needs: &Needs) -> Vec<Item> {
             Status::NotNeeded
         }
     };
+    // The namespaces: needed by the full tier only.
+    let namespaced = |status: Status| {
+        if needs.tier == ConfinementTier::LandlockOnly {
+            Status::NotNeeded
+        } else {
+            needed(status)
+        }
+    };
     let abi = probe::landlock_abi();
     let pinned = dsh_shell_core::PINNED_ABI as i64;
     items.push(if abi >= pinned {
@@ -259,9 +275,14 @@ fn confinement_items(needs: &Needs) -> Vec<Item> {
     items.push(match &namespaces {
         Err(f) if userns_failed => {
             let (facts, fix) = userns_explained();
+            let fix = if needs.tier == ConfinementTier::LandlockOnly {
+                fix
+            } else {
+                format!("{fix}; or, knowing what it gives up, `confinement: landlock-only` in the dsh-sandbox-policy config (README, \"The landlock-only tier\")")
+            };
             item(
                 "user namespaces",
-                needed(Status::Missing),
+                namespaced(Status::Missing),
                 format!("{f}; {facts}"),
             )
             .fix(fix)
@@ -270,13 +291,13 @@ fn confinement_items(needs: &Needs) -> Vec<Item> {
             let (facts, _) = userns_explained();
             item(
                 "user namespaces",
-                needed(Status::Ok),
+                namespaced(Status::Ok),
                 format!("unprivileged user, mount, pid, ipc, uts and network namespaces can be created ({facts})"),
             )
         }
     });
     let loopback_status = |ok| {
-        if !needs.confinement {
+        if !needs.confinement || needs.tier == ConfinementTier::LandlockOnly {
             Status::NotNeeded
         } else if ok {
             Status::Ok
@@ -296,7 +317,7 @@ fn confinement_items(needs: &Needs) -> Vec<Item> {
         ),
         Err(_) if userns_failed => item(
             "network namespace loopback",
-            needed(Status::Missing),
+            namespaced(Status::Missing),
             "not checked: no user namespace to make it in",
         ),
         Err(f) => item("network namespace loopback", loopback_status(false), f.to_string())
@@ -340,11 +361,18 @@ fn confinement_items(needs: &Needs) -> Vec<Item> {
                 ),
             )
             .fix("make the temp directory (TMPDIR) writable"),
-            Ok(ws) => match probe::confined_true(&ws, needs.cgroups) {
+            Ok(ws) => match probe::confined_true(&ws, needs.cgroups, needs.tier) {
                 Ok(()) => item(
                     "confined command",
-                    Status::Ok,
-                    "`true` ran confined (namespaces, read-only view, Landlock, seccomp, limits)",
+                    if needs.tier == ConfinementTier::LandlockOnly {
+                        Status::Degraded
+                    } else {
+                        Status::Ok
+                    },
+                    match needs.tier {
+                        ConfinementTier::Full => "`true` ran confined (namespaces, read-only view, Landlock, seccomp, limits)",
+                        ConfinementTier::LandlockOnly => "`true` ran in the `landlock-only` tier (Landlock, seccomp, limits; no namespaces, as configured)",
+                    },
                 ),
                 Err(e) => {
                     let err = e.into_sdk_error();

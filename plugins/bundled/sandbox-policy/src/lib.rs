@@ -15,9 +15,9 @@ use cordis_sdk::host::{
 use cordis_sdk::prelude::*;
 use dsh_sandbox::egress::{Egress, Host, Rules, APPROVED_HOST_EVENT};
 use dsh_sandbox::{
-    is_within, ApproveHostArgs, EnforcedFamily, Fence, FileId, Limits, ResolveArgs,
-    SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient, SetModeArgs,
-    MODE_EVENT, SANDBOX_POLICY,
+    is_within, ApproveHostArgs, ConfinementTier, EnforcedFamily, Fence, FileId, Limits,
+    ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient,
+    SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
 };
 use serde::Deserializer;
 
@@ -75,6 +75,18 @@ pub struct Config {
     /// The host's state directory (session logs, its HTTP token) is always unreadable.
     #[serde(default)]
     pub deny_read: Vec<PathBuf>,
+    /// `full` (default) or `landlock-only`. How confined commands are: `full` gives each
+    /// its own user, mount, pid, ipc and network namespaces with a read-only view of `/`,
+    /// then Landlock and seccomp, and refuses to run where the host has no unprivileged
+    /// user namespaces. `landlock-only` is the explicit degraded tier for such hosts:
+    /// Landlock (writes beneath the writable roots only; `denyRead` and the state
+    /// directory unreadable), the seccomp filter (no IP sockets with the network off),
+    /// `no_new_privs`, no capabilities, the limits and a subreaper, without namespaces; a
+    /// command whose policy it cannot enforce (a protected path or `.git` inside a
+    /// writable root, an unreadable path inside one) is refused, and the network
+    /// allowlist is refused here.
+    #[serde(default)]
+    pub confinement: ConfinementTier,
     /// Resource limits of every confined command; by default 4096 MiB of memory, 512
     /// processes, 1024 MiB per file, and no CPU limit beyond the call's timeout
     /// (`{memoryMib, processes, fileSizeMib, cpuSeconds}`; `0` turns one off, and for
@@ -297,6 +309,7 @@ struct Policy {
     protected_paths: Vec<PathBuf>,
     deny_read: Vec<PathBuf>,
     limits: Limits,
+    confinement: ConfinementTier,
     families: Mutex<Families>,
 }
 
@@ -338,6 +351,7 @@ impl Policy {
             limits: self.limits,
             egress: self.egress.clone(),
             approved_hosts,
+            confinement: self.confinement,
         })
     }
 
@@ -724,6 +738,13 @@ impl Plugin for SandboxPolicyPlugin {
             Network::Allowlist(egress) => Some(egress),
             Network::All(_) => None,
         };
+        if egress.is_some() && config.confinement == ConfinementTier::LandlockOnly {
+            return Err(Error::new(
+                codes::SANDBOX_BAD_NETWORK,
+                "`network` is an allowlist, which needs a network namespace of each command's own, and `confinement: landlock-only` makes none",
+            )
+            .with_help("use `network: false` or `true` in the landlock-only tier, or `confinement: full` on a host with unprivileged user namespaces"));
+        }
         let policy = Policy {
             sessions,
             calls,
@@ -738,6 +759,7 @@ impl Plugin for SandboxPolicyPlugin {
             protected_paths: path_rules("protectedPaths", &config.protected_paths)?,
             deny_read,
             limits: config.limits,
+            confinement: config.confinement,
             families: Mutex::new(Families::default()),
         };
         let fence = Fence::of(
@@ -780,7 +802,12 @@ impl Plugin for SandboxPolicyPlugin {
             POLICY_CONTEXT,
             ModelContextClient::serve(PolicyContext(shared)),
         )?;
-        tracing::info!(mode = %default_mode, root = %workspace_root.display(), "sandbox policy ready");
+        tracing::info!(mode = %default_mode, root = %workspace_root.display(), confinement = config.confinement.as_str(), "sandbox policy ready");
+        if config.confinement == ConfinementTier::LandlockOnly {
+            tracing::warn!(
+                "confinement: landlock-only: confined commands run under Landlock and seccomp without namespaces (they see the host's processes; a protected or unreadable path inside a writable root, and the network allowlist, are refused); use it only where the host has no unprivileged user namespaces (`cordis doctor`)"
+            );
+        }
         Ok(SandboxPolicyPlugin)
     }
 }

@@ -207,6 +207,10 @@ pub(crate) struct SandboxSpec {
     pub cwd: CString,
     /// Network on: no network namespace and no socket filter.
     pub network: bool,
+    /// The full tier: the namespaces and the mount view. Without (the `landlock-only`
+    /// tier), the supervisor is a child subreaper and the shell gets only its last steps
+    /// (no capabilities, `no_new_privs`, Landlock, seccomp).
+    pub namespaces: bool,
     /// The network allowlist: a listening socket on the namespace's loopback is handed
     /// to the host ([`ChildPlan::egress`]), which serves it as the command's proxy.
     pub proxy: bool,
@@ -306,7 +310,8 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     ]);
     libc::prctl(libc::PR_SET_NAME, c"dsh-supervisor".as_ptr(), 0, 0, 0);
     let supervisor = libc::getpid();
-    match &plan.sandbox {
+    let namespaced = plan.sandbox.as_ref().filter(|s| s.namespaces);
+    match namespaced {
         Some(spec) => enter_namespaces(spec, report, plan.egress),
         None => check(
             report,
@@ -317,7 +322,7 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
     // A confined command's init hands the shell's wait status up through this pipe (the
     // init cannot die of a signal it sends itself).
     let mut status_pipe = [-1; 2];
-    if plan.sandbox.is_some() {
+    if namespaced.is_some() {
         check(
             report,
             Stage::Fork,
@@ -361,6 +366,14 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
                 libc::setpgid(0, 0);
                 Ok(())
             }
+            Some(spec) if !spec.namespaces => {
+                if libc::getppid() != supervisor {
+                    libc::_exit(SETUP_FAILED);
+                }
+                libc::setpgid(0, 0);
+                confine_shell(spec, report);
+                Ok(())
+            }
             Some(spec) => {
                 libc::close(status_pipe[0]);
                 init(spec, report, status_pipe[1])
@@ -381,7 +394,7 @@ pub(crate) unsafe fn supervise(plan: &ChildPlan) -> std::io::Result<()> {
         libc::close(fd);
     }
     let mut status = wait_for(plan, child);
-    if plan.sandbox.is_some() {
+    if namespaced.is_some() {
         let mut raw = [0u8; 4];
         if libc::read(status_pipe[0], raw.as_mut_ptr().cast(), 4) == 4 {
             status = c_int::from_ne_bytes(raw);
@@ -1061,30 +1074,34 @@ unsafe fn confine_shell(spec: &SandboxSpec, report: RawFd) {
     );
     let landlock = spec.landlock.as_raw_fd();
     // `struct landlock_path_beneath_attr`: the view's private /dev/shm is writable, so POSIX
-    // semaphores and shared memory work within its size.
+    // semaphores and shared memory work within its size. Without the view (the
+    // `landlock-only` tier) `/dev/shm` is the host's, shared with every process: not
+    // writable.
     #[repr(C, packed)]
     struct PathBeneath {
         allowed_access: u64,
         parent_fd: c_int,
     }
-    let shm = libc::open(c"/dev/shm".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
-    check(report, Stage::Landlock, shm as _);
-    let rule = PathBeneath {
-        allowed_access: spec.shm_access,
-        parent_fd: shm,
-    };
-    check(
-        report,
-        Stage::Landlock,
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            landlock,
-            1, // LANDLOCK_RULE_PATH_BENEATH
-            &rule as *const PathBeneath,
-            0,
-        ),
-    );
-    libc::close(shm);
+    if spec.namespaces {
+        let shm = libc::open(c"/dev/shm".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+        check(report, Stage::Landlock, shm as _);
+        let rule = PathBeneath {
+            allowed_access: spec.shm_access,
+            parent_fd: shm,
+        };
+        check(
+            report,
+            Stage::Landlock,
+            libc::syscall(
+                libc::SYS_landlock_add_rule,
+                landlock,
+                1, // LANDLOCK_RULE_PATH_BENEATH
+                &rule as *const PathBeneath,
+                0,
+            ),
+        );
+        libc::close(shm);
+    }
     check(
         report,
         Stage::Landlock,

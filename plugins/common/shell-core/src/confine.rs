@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 use dsh_sandbox::egress::Rules;
 use dsh_sandbox::{
-    denial_marker, is_within, Fence, FileId, PathSet, RootMoved, SandboxExecutionPolicy,
-    SandboxMode, SearchError,
+    denial_marker, is_within, ConfinementTier, Fence, FileId, PathSet, RootMoved,
+    SandboxExecutionPolicy, SandboxMode, SearchError,
 };
 use dsh_shell_api::ExecResult;
 use landlock::{
@@ -142,6 +142,12 @@ pub enum ConfineError {
         /// What seccompiler said.
         reason: String,
     },
+    /// The `landlock-only` tier cannot do what the policy asks.
+    #[error("the `landlock-only` confinement cannot enforce this policy: {reason}")]
+    Tier {
+        /// What it cannot do.
+        reason: String,
+    },
     /// The policy's network allowlist does not parse (the policy owner checks it when it is
     /// configured, so this is a policy from elsewhere).
     #[error("the network allowlist cannot be enforced: {reason}")]
@@ -196,6 +202,9 @@ impl ConfineError {
                 "run on x86_64 or aarch64, or compose `dsh-bash-local` to run commands unconfined on purpose".to_string()
             }
             ConfineError::Setup { stage, .. } => stage.help().to_string(),
+            ConfineError::Tier { .. } => {
+                "move what must stay read-only or unreadable out of the writable roots (or stop protecting it), turn the network allowlist off, or use the full confinement (`confinement: full`) on a host with unprivileged user namespaces (`cordis doctor` says what this one lacks)".to_string()
+            }
             ConfineError::Network { .. } => {
                 "fix the `network` rules in the dsh-sandbox-policy config (`cordis check` names the entry)".to_string()
             }
@@ -245,7 +254,6 @@ impl Confinement {
             .map_err(|e| ConfineError::Network {
                 reason: e.to_string(),
             })?;
-        let landlock = landlock_ruleset(&roots, &fence)?;
         let limits = CommandLimits::prepare(&policy.limits)?;
         let mut writable: Vec<&PathBuf> = roots.iter().filter(|r| r.is_dir()).collect();
         // Outermost first, so an inner root is bound on top of the outer one.
@@ -396,6 +404,13 @@ impl Confinement {
             list.sort_by(|a, b| (a.components().count(), a).cmp(&(b.components().count(), b)));
             list.dedup();
         }
+        let landlock_only = policy.confinement == ConfinementTier::LandlockOnly;
+        let landlock = if landlock_only {
+            tier_refusals(egress.is_some(), &protected, &hidden, &writable)?;
+            landlock_only_ruleset(&roots, &fence, &hidden)?
+        } else {
+            landlock_ruleset(&roots, &fence)?
+        };
         let count = writable.len() + protected.len() + pinned.len() + hidden.len();
         if count > MAX_BINDS {
             return Err(ConfineError::TooManyBinds { count });
@@ -429,6 +444,7 @@ impl Confinement {
                 hidden_files: c_paths(&hidden_files)?,
                 cwd: CString::default(),
                 network: policy.network && egress.is_none(),
+                namespaces: !landlock_only,
                 proxy: egress.is_some(),
                 landlock,
                 shm_access: rights_for(Path::new("/"), AccessFs::from_write(PINNED_ABI)).bits(),
@@ -526,6 +542,151 @@ fn landlock_ruleset(
     }
     let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
     fd.ok_or(ConfineError::NotEnforced)
+}
+
+/// What the `landlock-only` tier refuses, since without a mount view Landlock alone
+/// cannot do it: the network allowlist (it needs a network namespace), a protected path
+/// inside a writable root (a rule on a directory covers all beneath it), and an unreadable
+/// path inside one.
+fn tier_refusals(
+    allowlist: bool,
+    protected: &[PathBuf],
+    hidden: &[PathBuf],
+    writable: &[&PathBuf],
+) -> Result<(), ConfineError> {
+    let refuse = |reason: String| Err(ConfineError::Tier { reason });
+    if allowlist {
+        return refuse("the network allowlist needs a network namespace of the command's own, and this tier makes none".to_string());
+    }
+    let root_of = |path: &Path| {
+        writable
+            .iter()
+            .filter(|r| is_within(path, r))
+            .max_by_key(|r| r.components().count())
+            .map(|r| r.display().to_string())
+            .unwrap_or_default()
+    };
+    if let Some(path) = protected.first() {
+        return refuse(format!(
+            "`{}` must stay read-only, but it lies inside the writable root `{}`, and Landlock cannot keep part of a writable root read-only",
+            path.display(),
+            root_of(path)
+        ));
+    }
+    if let Some(path) = hidden
+        .iter()
+        .find(|p| writable.iter().any(|r| is_within(p, r)))
+    {
+        return refuse(format!(
+            "`{}` must be unreadable, but it lies inside the writable root `{}`, and Landlock cannot hide part of a writable root",
+            path.display(),
+            root_of(path)
+        ));
+    }
+    Ok(())
+}
+
+/// The `landlock-only` tier's ruleset: reads and writes handled; the writable roots
+/// readable and writable; everything else readable except `unreadable` (canonical paths,
+/// none inside a writable root), which is carved out: every entry of each directory above
+/// an unreadable path gets its own read rule, except the one on the way to it (the
+/// directories above keep no rule of their own, so they cannot be listed).
+fn landlock_only_ruleset(
+    roots: &[PathBuf],
+    fence: &Fence,
+    unreadable: &[PathBuf],
+) -> Result<std::os::fd::OwnedFd, ConfineError> {
+    let write = AccessFs::from_write(PINNED_ABI);
+    let read = AccessFs::from_read(PINNED_ABI);
+    let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(write | read)
+        .map_err(ruleset_err)?
+        .set_compatibility(CompatLevel::BestEffort)
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)
+        .map_err(ruleset_err)?
+        .create()
+        .map_err(ruleset_err)?;
+    let open = |path: &Path| {
+        PathFd::new(path).map_err(|source| ConfineError::OpenRoot {
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    let readable = |path: &Path| {
+        if path.is_dir() {
+            read
+        } else {
+            read & AccessFs::from_file(PINNED_ABI)
+        }
+    };
+    for root in roots {
+        let fd = open(root)?;
+        let opened = FileId::of_fd(std::os::fd::AsFd::as_fd(&fd)).map_err(|source| {
+            ConfineError::Unverifiable {
+                path: root.clone(),
+                source,
+            }
+        })?;
+        fence.check_opened(root, opened)?;
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .add_rule(PathBeneath::new(
+                fd,
+                rights_for(root, write) | readable(root),
+            ))
+            .map_err(ruleset_err)?;
+    }
+    for path in readable_around(unreadable)? {
+        // An entry that vanished since it was listed is not readable.
+        let Ok(fd) = PathFd::new(&path) else { continue };
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .add_rule(PathBeneath::new(fd, readable(&path)))
+            .map_err(ruleset_err)?;
+    }
+    let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
+    fd.ok_or(ConfineError::NotEnforced)
+}
+
+/// `/` without `unreadable`: `/` itself when nothing is unreadable, else every entry of the
+/// directories above an unreadable path except those on the way to one (a link leading
+/// to a directory above or at one is left out too: the directory is reached by its own
+/// path).
+fn readable_around(unreadable: &[PathBuf]) -> Result<Vec<PathBuf>, ConfineError> {
+    if unreadable.is_empty() {
+        return Ok(vec![PathBuf::from("/")]);
+    }
+    let covers = |p: &Path| unreadable.iter().any(|u| is_within(u, p));
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::from("/")];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| ConfineError::Unverifiable {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| ConfineError::Unverifiable {
+                path: dir.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            if unreadable.contains(&path) {
+                continue;
+            }
+            if covers(&path) {
+                stack.push(path);
+                continue;
+            }
+            let leads_above = entry.file_type().is_ok_and(|t| t.is_symlink())
+                && path.canonicalize().is_ok_and(|c| covers(&c));
+            if !leads_above {
+                out.push(path);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Directory rights beneath a directory; only the file rights on a file.

@@ -100,6 +100,7 @@ pub fn namespaces() -> Result<(), Failed> {
 pub fn seccomp() -> Result<(), Failed> {
     let program = crate::syscalls::seccomp_filter(crate::syscalls::Setting {
         unix_sockets: false,
+        ip_sockets: true,
     })
     .map_err(|reason| Failed {
         stage: Stage::Seccomp,
@@ -156,9 +157,14 @@ pub fn cgroups() -> Result<String, String> {
 }
 
 /// Runs `true` confined in `workspace` (a fresh directory) in `workspace-write`, with the
-/// default limits or none: every layer at once, as a command gets them.
-pub fn confined_true(workspace: &Path, with_limits: bool) -> Result<(), RunError> {
+/// default limits or none, in `tier`: every layer at once, as a command gets them.
+pub fn confined_true(
+    workspace: &Path,
+    with_limits: bool,
+    tier: dsh_sandbox::ConfinementTier,
+) -> Result<(), RunError> {
     let policy = SandboxExecutionPolicy {
+        confinement: tier,
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: workspace.to_path_buf(),
         limits: if with_limits {

@@ -23,6 +23,9 @@ pub(crate) enum When {
     Always,
     /// Unless the policy has the network on and `allowUnixSockets`.
     UnixSocketsClosed,
+    /// In the `landlock-only` tier with the network off (there is no network namespace
+    /// to leave the command only its own loopback).
+    NoNetworkNamespace,
 }
 
 /// One refused system call: refused outright, or when its argument `arg` masked by `mask`
@@ -81,6 +84,10 @@ const KEYS: &str = "the host's session keyring: its secrets, and keys the host w
 pub(crate) const REFUSED: &[Refusal] = &[
     refuse_if(libc::SYS_socket, "socket(AF_UNIX)", (0, u64::MAX, libc::AF_UNIX as u64), When::UnixSocketsClosed,
         "a socket file anywhere the command can see reaches a host daemon (`docker.sock`, the session bus, an ssh agent)"),
+    refuse_if(libc::SYS_socket, "socket(AF_INET)", (0, u64::MAX, libc::AF_INET as u64), When::NoNetworkNamespace,
+        "without a network namespace of its own, an IP socket reaches the host's network and its loopback services"),
+    refuse_if(libc::SYS_socket, "socket(AF_INET6)", (0, u64::MAX, libc::AF_INET6 as u64), When::NoNetworkNamespace,
+        "the same over IPv6"),
     refuse_if(libc::SYS_socket, "socket(AF_VSOCK)", (0, u64::MAX, libc::AF_VSOCK as u64), When::Always,
         "the host's vsock port space, which on a virtual machine reaches the hypervisor"),
     refuse_if(libc::SYS_socket, "socket(AF_PACKET)", (0, u64::MAX, libc::AF_PACKET as u64), When::Always,
@@ -201,6 +208,9 @@ pub(crate) const REFUSED_LEGACY: &[Refusal] = &[];
 pub(crate) struct Setting {
     /// Whether the command may create unix sockets.
     pub unix_sockets: bool,
+    /// Whether the command may create IP sockets (refused only in the `landlock-only` tier
+    /// with the network off).
+    pub ip_sockets: bool,
 }
 
 impl Setting {
@@ -216,6 +226,8 @@ impl Setting {
     pub fn with_scoping(policy: &SandboxExecutionPolicy, scoping: bool) -> Setting {
         Setting {
             unix_sockets: policy.network && policy.allow_unix_sockets && scoping,
+            ip_sockets: policy.network
+                || policy.confinement != dsh_sandbox::ConfinementTier::LandlockOnly,
         }
     }
 }
@@ -241,6 +253,7 @@ fn applies(row: &Refusal, setting: Setting) -> bool {
     match row.when {
         When::Always => true,
         When::UnixSocketsClosed => !setting.unix_sockets,
+        When::NoNetworkNamespace => !setting.ip_sockets,
     }
 }
 
@@ -463,6 +476,7 @@ mod tests {
             let when = match row.when {
                 When::Always => "always",
                 When::UnixSocketsClosed => "unless `network` and `allowUnixSockets`",
+                When::NoNetworkNamespace => "in the `landlock-only` tier with the network off",
             };
             assert!(line.contains(when), "README's row for {}: {line}", row.name);
             assert!(!row.why.is_empty());

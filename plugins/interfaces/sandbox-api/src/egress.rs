@@ -623,6 +623,21 @@ mod tests {
     }
 
     #[test]
+    fn the_model_is_told_the_landlock_only_tier() {
+        let policy = crate::SandboxExecutionPolicy {
+            confinement: crate::ConfinementTier::LandlockOnly,
+            ..Default::default()
+        };
+        let text = crate::policy_text(&policy);
+        assert!(
+            text.ends_with("Sandboxed commands run in the `landlock-only` tier: Landlock and seccomp without namespaces, so they see the host's processes and cannot list directories above a path they may not read."),
+            "{text}"
+        );
+        let full = crate::policy_text(&crate::SandboxExecutionPolicy::default());
+        assert!(!full.contains("landlock-only"), "{full}");
+    }
+
+    #[test]
     fn malformed_rules_name_the_key_and_the_entry() {
         let bad = |egress: Egress| Rules::compile(&egress, &[]).unwrap_err().to_string();
         let allow = |e: &str| Egress {

@@ -195,6 +195,44 @@ pub struct SandboxExecutionPolicy {
     /// allowlist's `ask` (its `sandbox/network-approved` events).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approved_hosts: Vec<String>,
+    /// How confined commands are: `full` (namespaces, Landlock, seccomp) or, where the
+    /// host has no user namespaces, the explicit `landlock-only` tier. A backend that does
+    /// not know this field confines fully (and fails closed where it cannot).
+    #[serde(default, skip_serializing_if = "ConfinementTier::is_full")]
+    pub confinement: ConfinementTier,
+}
+
+/// How confined commands are (the policy owner's `confinement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConfinementTier {
+    /// New user, mount, pid, ipc and network namespaces with a read-only view of `/`,
+    /// Landlock and seccomp (the default).
+    #[default]
+    Full,
+    /// For hosts without unprivileged user namespaces: Landlock (writes beneath the
+    /// writable roots only, nothing readable the policy denies), the seccomp filter (with
+    /// the network off, no IP sockets), `no_new_privs`, no capabilities, the resource
+    /// limits and a child subreaper; no mount, pid or network namespace. What it cannot
+    /// do is refused: a protected path inside a writable root (Landlock cannot keep part
+    /// of a writable root read-only), and the network allowlist (it needs the network
+    /// namespace).
+    LandlockOnly,
+}
+
+impl ConfinementTier {
+    /// Whether this is the default, full tier.
+    pub fn is_full(&self) -> bool {
+        *self == ConfinementTier::Full
+    }
+
+    /// The spelling in `cordis.yml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfinementTier::Full => "full",
+            ConfinementTier::LandlockOnly => "landlock-only",
+        }
+    }
 }
 
 /// Which directory (or file) a path named when it was checked: its device and inode. A
@@ -393,7 +431,11 @@ pub fn policy_text(policy: &SandboxExecutionPolicy) -> String {
     } else {
         "Sandboxed commands have no network access (only their own loopback) and cannot connect to unix sockets.".to_string()
     };
-    format!("{files} {network}")
+    let tier = match policy.confinement {
+        ConfinementTier::Full => "",
+        ConfinementTier::LandlockOnly => " Sandboxed commands run in the `landlock-only` tier: Landlock and seccomp without namespaces, so they see the host's processes and cannot list directories above a path they may not read.",
+    };
+    format!("{files} {network}{tier}")
 }
 
 /// The session event kind that records a mode switch.
