@@ -21,7 +21,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -690,64 +690,26 @@ fn splice(client: &TcpStream, server: &TcpStream, both: bool) -> (u64, u64) {
     (sent, received)
 }
 
-/// How much one `splice` moves at most (and the pipe's size, where the kernel allows).
-const PUMP_CHUNK: usize = 1 << 20;
+/// The buffer of one direction of a connection: large, so a download moves in few reads
+/// and writes (measured: 256 KiB moved more than `io::copy`'s 8 KiB and than `splice`
+/// through a pipe, `cargo bench -p dsh-bash-sandbox --bench egress`).
+const PUMP_BUFFER: usize = 256 * 1024;
 
-/// Copies `from` to `to` until `from` ends (or either fails): through a pipe with `splice`,
-/// so the bytes never enter this process, or by reads and writes where the kernel refuses
-/// to splice. The bytes copied.
-fn pump(from: &TcpStream, to: &TcpStream) -> u64 {
-    let copy = || io::copy(&mut &*from, &mut &*to).unwrap_or(0);
-    let Ok((rd, wr)) = crate::run::pipe() else {
-        return copy();
-    };
-    // SAFETY: F_SETPIPE_SZ on a pipe this function owns; a refusal keeps the default size.
-    unsafe {
-        libc::fcntl(
-            wr.as_raw_fd(),
-            libc::F_SETPIPE_SZ,
-            PUMP_CHUNK as libc::c_int,
-        )
-    };
-    let splice = |from: RawFd, to: RawFd, len: usize| {
-        // SAFETY: plain splice between descriptors that outlive the call; no offsets.
-        unsafe {
-            libc::splice(
-                from,
-                std::ptr::null_mut(),
-                to,
-                std::ptr::null_mut(),
-                len,
-                libc::SPLICE_F_MOVE,
-            )
-        }
-    };
+/// Copies `from` to `to` until `from` ends or either fails: the bytes copied.
+fn pump(mut from: &TcpStream, mut to: &TcpStream) -> u64 {
+    let mut buf = vec![0u8; PUMP_BUFFER];
     let mut total = 0u64;
     loop {
-        let n = splice(from.as_raw_fd(), wr.as_raw_fd(), PUMP_CHUNK);
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EINVAL) if total == 0 => return copy(),
-                _ => return total,
-            }
-        }
-        if n == 0 {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return total,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return total,
+        };
+        if to.write_all(&buf[..n]).is_err() {
             return total;
         }
-        let mut left = n as usize;
-        while left > 0 {
-            let m = splice(rd.as_raw_fd(), to.as_raw_fd(), left);
-            if m < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            if m <= 0 {
-                return total;
-            }
-            left -= m as usize;
-            total += m as u64;
-        }
+        total += n as u64;
     }
 }
 
