@@ -501,6 +501,20 @@ fn reads() {
         alone,
         &[("stdio, one client", stdio_p50)],
     );
+    // What the metrics add to each call (the server records every `tools/call` in
+    // `/metrics`): the same recording, timed in this process, against the HTTP round trip.
+    let recordings = 200_000u32;
+    let timed = std::time::Instant::now();
+    for _ in 0..recordings {
+        cordis_cli::metrics::metrics().call("read").finish(None);
+    }
+    let per_call = timed.elapsed().as_nanos() as f64 / f64::from(recordings);
+    println!(
+        "metrics: recording one tool call costs {} ({:.3}% of the HTTP read p50 {}; target under 5%)",
+        human(per_call),
+        per_call / http_p50 * 100.0,
+        human(http_p50)
+    );
     let baselines = [
         ("stdio, one client", stdio_p50),
         ("HTTP, one client", http_p50),

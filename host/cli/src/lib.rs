@@ -12,6 +12,7 @@ pub mod dev;
 pub mod http;
 pub mod isolated;
 pub mod mcp;
+pub mod metrics;
 pub mod plugins;
 pub mod scaffold;
 pub mod status;

@@ -36,8 +36,20 @@ struct Cli {
     /// Show full reports (e.g. abi_stable's layout report on an ABI mismatch).
     #[arg(short, long, global = true)]
     verbose: bool,
+    /// How log lines are written to stderr: `text` for people, or `json`: one object per
+    /// line with `timestamp`, `level`, `target`, `message` and the event's fields at the top
+    /// level (a reload: `event: "reload"` and its `outcome`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -139,13 +151,19 @@ fn main() -> ExitCode {
         Command::Run(_) => "warn,cordis=info,cordis_cli=info,cordis_engine=info,plugin=info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+    }
     let keeps_state = !matches!(
         cli.command,
         Command::Check { .. }

@@ -382,30 +382,51 @@ pub(crate) fn reload_and_log(
     let key = runtime as *const Runtime as usize;
     let outcome = runtime.reload();
     let mut last = LAST_REFUSAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Every reload is one event a program can read: `event = "reload"` with its `outcome`
+    // (`applied`, `unchanged`, `refused`, `failed`) and, applied after a change was seen,
+    // `after_ms`; one JSON object per line with `--log-format json`, and counted in
+    // `/metrics` (`cordis_reloads_total`).
+    let metrics = crate::metrics::metrics();
     match outcome {
-        Ok(report) if report.is_empty() => match unchanged {
-            Some(line) => tracing::info!("{line}"),
-            None => tracing::debug!("files changed but the composition did not"),
-        },
+        Ok(report) if report.is_empty() => {
+            metrics.reload("unchanged");
+            match unchanged {
+                Some(line) => tracing::info!(event = "reload", outcome = "unchanged", "{line}"),
+                None => tracing::debug!(
+                    event = "reload",
+                    outcome = "unchanged",
+                    "files changed but the composition did not"
+                ),
+            }
+        }
         Ok(report) => {
             *last = None;
+            metrics.reload("applied");
             match first_seen {
                 Some((t, how)) => tracing::info!(
+                    event = "reload",
+                    outcome = "applied",
+                    after_ms = t.elapsed().as_millis() as u64,
                     "{report} ({} ms after the first change was seen; complete {how})",
                     t.elapsed().as_millis()
                 ),
-                None => tracing::info!("{report}"),
+                None => tracing::info!(event = "reload", outcome = "applied", "{report}"),
             }
         }
         Err(e) => {
-            let text = match e {
-                e @ ReloadError::Invalid(_) => e.to_string(),
-                e => format!("reload failed: {e}"),
+            let (outcome, text) = match e {
+                e @ ReloadError::Invalid(_) => ("refused", e.to_string()),
+                e => ("failed", format!("reload failed: {e}")),
             };
+            metrics.reload(outcome);
             if last.as_ref() == Some(&(key, text.clone())) {
-                tracing::debug!("reload refused again, for the reason shown above");
+                tracing::debug!(
+                    event = "reload",
+                    outcome,
+                    "reload refused again, for the reason shown above"
+                );
             } else {
-                tracing::error!("{text}");
+                tracing::error!(event = "reload", outcome, "{text}");
                 *last = Some((key, text));
             }
         }

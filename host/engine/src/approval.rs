@@ -16,9 +16,18 @@ pub type Asker = Arc<dyn Fn(&ApprovalRequest) -> ApprovalOutcome + Send + Sync>;
 pub struct ApprovalRouter {
     by_session: RwLock<HashMap<String, Asker>>,
     fallback: RwLock<Option<Asker>>,
+    observer: RwLock<Option<Observer>>,
 }
 
+/// Told every outcome (a front-end's metrics).
+pub type Observer = Arc<dyn Fn(ApprovalOutcome) + Send + Sync>;
+
 impl ApprovalRouter {
+    /// Sets what is told every outcome.
+    pub fn observe(&self, observer: Option<Observer>) {
+        *self.observer.write().unwrap_or_else(|e| e.into_inner()) = observer;
+    }
+
     /// Sets the asker for sessions without their own.
     pub fn set_default(&self, asker: Option<Asker>) {
         *self.fallback.write().unwrap_or_else(|e| e.into_inner()) = asker;
@@ -70,6 +79,14 @@ impl ApprovalRouter {
             "approval {outcome:?}: {}",
             escape_line(&request.summary)
         );
+        if let Some(observer) = self
+            .observer
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            observer(outcome);
+        }
         outcome
     }
 }

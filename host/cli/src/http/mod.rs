@@ -176,7 +176,8 @@ pub async fn serve_http(
         Arc::new(sessions),
         config,
     );
-    let app = axum::Router::new()
+    let bearer = Arc::new(Bearer(tokens));
+    let mcp_routes = axum::Router::new()
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(Gate {
@@ -186,9 +187,20 @@ pub async fn serve_http(
             session_gate,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(Bearer(tokens)),
+            bearer.clone(),
             require_token,
         ));
+    // Health and readiness answer anyone and say nothing else; the metrics take the token.
+    let metrics_routes = axum::Router::new()
+        .route(METRICS_PATH, axum::routing::get(metrics))
+        .with_state(hub.clone())
+        .layer(axum::middleware::from_fn_with_state(bearer, require_token));
+    let app = axum::Router::new()
+        .route(HEALTH_PATH, axum::routing::get(|| async { "ok\n" }))
+        .route(READY_PATH, axum::routing::get(ready))
+        .with_state(hub.clone())
+        .merge(metrics_routes)
+        .merge(mcp_routes);
 
     let forward = hub.forward_tool_changes(&notifier);
     let stop_accepting = CancellationToken::new();
@@ -223,6 +235,33 @@ pub async fn serve_http(
         Ok(Ok(())) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(anyhow::Error::new(e).context("the HTTP server failed")),
     }
+}
+
+/// Liveness: answered while the process serves.
+pub const HEALTH_PATH: &str = "/healthz";
+/// Readiness: `200` while the composition is applied and the server takes new sessions and
+/// calls, `503` while it drains.
+pub const READY_PATH: &str = "/readyz";
+/// The Prometheus metrics ([`crate::metrics`]), behind the bearer token.
+pub const METRICS_PATH: &str = "/metrics";
+
+async fn ready(State(hub): State<Arc<Hub>>) -> Response {
+    if hub.is_closing() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::metrics().render(hub.connections()),
+    )
+        .into_response()
 }
 
 /// The bearer tokens accepted (one per client, or one for all).

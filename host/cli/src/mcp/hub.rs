@@ -43,6 +43,15 @@ impl Hub {
         let codec = RequestStateCodec::try_new(key)
             .map_err(|e| anyhow::anyhow!("cannot set up the request-state key: {e}"))?;
         let prefix = hex(&random_bytes(6)?);
+        runtime.approvals().observe(Some(Arc::new(|outcome| {
+            use cordis_sdk::host::ApprovalOutcome as O;
+            crate::metrics::metrics().approval(match outcome {
+                O::Approved => "approved",
+                O::Rejected => "rejected",
+                O::Cancelled => "cancelled",
+                O::Unavailable => "unavailable",
+            })
+        })));
         Ok(Arc::new(Hub {
             runtime,
             rooting: Rooting::new(options)?,

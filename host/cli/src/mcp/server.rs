@@ -319,6 +319,47 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let timer = crate::metrics::metrics().call(&request.name);
+        let response = self.answer_call(request, context).await;
+        let code;
+        timer.finish(match &response {
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
+                Some(crate::metrics::TOOL_ERROR)
+            }
+            Ok(_) => None,
+            Err(e) => {
+                code = e.code.0.to_string();
+                Some(code.as_str())
+            }
+        });
+        response
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        (requested.tools_list_changed == Some(true))
+            .then(|| SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let sink = context.sink().clone();
+        let id = sink.id().clone();
+        lock(&self.shared.hub.sinks).push(sink);
+        context.cancelled().await;
+        lock(&self.shared.hub.sinks).retain(|s| *s.id() != id);
+        Ok(())
+    }
+}
+
+impl McpServer {
+    /// A `tools/call` request, answered.
+    async fn answer_call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let hub = &self.shared.hub;
         if hub.is_closing() {
             return Ok(error_result(
@@ -349,25 +390,6 @@ impl ServerHandler for McpServer {
         Ok(self.run(&session, request, &context).await)
     }
 
-    fn accepted_subscription_filter(
-        &self,
-        requested: &SubscriptionFilter,
-    ) -> Option<SubscriptionFilter> {
-        (requested.tools_list_changed == Some(true))
-            .then(|| SubscriptionFilter::builder().tools_list_changed().build())
-    }
-
-    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        let sink = context.sink().clone();
-        let id = sink.id().clone();
-        lock(&self.shared.hub.sinks).push(sink);
-        context.cancelled().await;
-        lock(&self.shared.hub.sinks).retain(|s| *s.id() != id);
-        Ok(())
-    }
-}
-
-impl McpServer {
     /// Runs `request` in `session`: a retry carrying an approval answer resumes its
     /// parked call, anything else starts one.
     pub(super) async fn run(
