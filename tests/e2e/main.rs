@@ -14,6 +14,7 @@ mod isolate;
 mod mcp;
 mod protect;
 mod reload;
+mod retention;
 mod scaffold;
 mod shell;
 mod tier;

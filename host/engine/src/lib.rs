@@ -56,7 +56,8 @@ pub use crate::schema::{
     check as check_schemas, generate as generate_schemas, validate_config, write as write_schemas,
 };
 pub use crate::sessions::{
-    default_state_dir, private_dir, Origin, SessionError, SessionStore, NO_STATE_DIR,
+    default_state_dir, private_dir, Origin, Retention, SessionError, SessionHold, SessionStore,
+    NO_STATE_DIR, RETENTION_GRACE,
 };
 
 use crate::diag::Diagnostics as Problems;

@@ -119,6 +119,8 @@ pub enum SessionStart<'a> {
 pub struct OpenSession {
     info: SessionInfo,
     approvals: Option<Arc<ApprovalRouter>>,
+    /// Held while open: retention never removes it.
+    _hold: crate::sessions::SessionHold,
 }
 
 impl OpenSession {
@@ -364,16 +366,33 @@ impl Runtime {
         asker: Option<Asker>,
     ) -> Result<OpenSession, SessionError> {
         let sessions = self.sessions();
-        let info = match start {
-            SessionStart::New(cwd) => sessions.create(cwd)?,
-            SessionStart::ForOneCall(cwd) => sessions.create_with(cwd, Some(Origin::Call))?,
-            SessionStart::Resume(id) => sessions.get(id)?,
+        let (info, hold) = match start {
+            SessionStart::New(cwd) => {
+                let info = sessions.create(cwd)?;
+                let hold = sessions.hold(&info.id)?;
+                (info, hold)
+            }
+            SessionStart::ForOneCall(cwd) => {
+                let info = sessions.create_with(cwd, Some(Origin::Call))?;
+                let hold = sessions.hold(&info.id)?;
+                (info, hold)
+            }
+            // Held first: a session being removed by retention is then either gone (and
+            // not found) or kept.
+            SessionStart::Resume(id) => {
+                let hold = sessions.hold(id)?;
+                (sessions.get(id)?, hold)
+            }
         };
         let approvals = asker.map(|asker| {
             self.approvals().bind(&info.id, asker);
             self.approvals().clone()
         });
-        Ok(OpenSession { info, approvals })
+        Ok(OpenSession {
+            info,
+            approvals,
+            _hold: hold,
+        })
     }
 
     /// Every registered tool, sorted by name.

@@ -296,6 +296,97 @@ impl SessionStore {
         ids
     }
 
+    /// Marks session `id` as held by this process until the returned hold is dropped (or
+    /// the process ends): a shared lock on `<id>.held` beside its log, which retention
+    /// ([`SessionStore::retain`]) never removes a session under, whichever process runs it.
+    pub fn hold(&self, id: &str) -> Result<SessionHold, SessionError> {
+        check_id(id)?;
+        let path = self.sessions_dir().join(format!("{id}.held"));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io(&path))?;
+        file.lock_shared().map_err(io(&path))?;
+        Ok(SessionHold { _file: file })
+    }
+
+    /// Applies a retention policy to the sessions no process holds: removes those whose
+    /// log has not changed for `retention.older_than`, and beyond the `retention.keep` most
+    /// recently changed, never one changed in the last [`RETENTION_GRACE`] (a session
+    /// being opened). Returns the ids removed. Each is removed under its log's lock and an
+    /// exclusive lock on its hold file, so neither an append nor a hold is in progress.
+    pub fn retain(&self, retention: &Retention) -> Result<Vec<String>, SessionError> {
+        let now = std::time::SystemTime::now();
+        let mut ended: Vec<(std::time::SystemTime, String)> = Vec::new();
+        for id in self.list() {
+            if check_id(&id).is_err() {
+                continue;
+            }
+            let path = self.path_of(&id);
+            let Ok(modified) = std::fs::metadata(&path).and_then(|m| m.modified()) else {
+                continue; // removed meanwhile
+            };
+            ended.push((modified, id));
+        }
+        // Newest first: the first `keep` are kept whatever their age.
+        ended.sort_by_key(|e| std::cmp::Reverse(e.0));
+        let mut removed = Vec::new();
+        for (index, (modified, id)) in ended.into_iter().enumerate() {
+            let age = now.duration_since(modified).unwrap_or_default();
+            let too_many = retention.keep.is_some_and(|keep| index >= keep);
+            let too_old = retention.older_than.is_some_and(|limit| age >= limit);
+            if age < RETENTION_GRACE || !(too_many || too_old) {
+                continue;
+            }
+            let Some(held) = self.unheld(&id)? else {
+                continue; // a live holder
+            };
+            let path = self.path_of(&id);
+            let _append = match lock_for_append(&path) {
+                Ok(lock) => lock,
+                Err(SessionError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            std::fs::remove_file(&path).map_err(io(&path))?;
+            self.forget(&id, held);
+            removed.push(id);
+        }
+        Ok(removed)
+    }
+
+    /// `None` when a live process holds session `id`; else its hold file locked
+    /// exclusively (while locked, nobody can hold the session), if it has one.
+    fn unheld(&self, id: &str) -> Result<Option<Option<File>>, SessionError> {
+        let path = self.sessions_dir().join(format!("{id}.held"));
+        match OpenOptions::new().write(true).open(&path) {
+            Ok(file) => match file.try_lock() {
+                Ok(()) => Ok(Some(Some(file))),
+                Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => Err(io(&path)(e)),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(None)),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    /// After session `id`'s log was removed: its hold file too, and its cached log.
+    fn forget(&self, id: &str, held: Option<File>) {
+        if held.is_some() {
+            let _ = std::fs::remove_file(self.sessions_dir().join(format!("{id}.held")));
+        }
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+
     /// Removes the sessions made for a single `cordis call` whose log has not changed for
     /// `older_than`, and returns their ids. Long-lived sessions are never touched. Each log
     /// is judged and removed under its lock, so an append in progress finishes first (and
@@ -327,11 +418,11 @@ impl SessionStore {
             if now.duration_since(modified).unwrap_or_default() < older_than {
                 continue;
             }
+            let Some(held) = self.unheld(&id)? else {
+                continue; // its call is still running
+            };
             std::fs::remove_file(&path).map_err(io(&path))?;
-            self.open
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
+            self.forget(&id, held);
             removed.push(id);
         }
         Ok(removed)
@@ -402,6 +493,24 @@ impl SessionStore {
 
 /// Opens a log for appending, holding its exclusive lock (`flock`) until the file is
 /// dropped.
+/// A session held by a live front-end (see [`SessionStore::hold`]).
+pub struct SessionHold {
+    _file: File,
+}
+
+/// Which sessions' logs a server or `cordis session prune` keeps; the others, when no
+/// process holds them, are removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Remove a session whose log has not changed for this long.
+    pub older_than: Option<std::time::Duration>,
+    /// Keep at most this many (the most recently changed).
+    pub keep: Option<usize>,
+}
+
+/// A session changed this recently is never removed by retention (it may be being opened).
+pub const RETENTION_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn lock_for_append(path: &Path) -> Result<File, SessionError> {
     let file = OpenOptions::new()
         .append(true)

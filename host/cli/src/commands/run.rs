@@ -72,6 +72,44 @@ pub(crate) struct RunArgs {
     /// they are cancelled (a running command is killed).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     shutdown_timeout: u64,
+    /// Session retention: remove the logs of sessions no process holds once unchanged for
+    /// this long (e.g. `30d`), at start and every 10 minutes.
+    #[arg(long, value_name = "AGE", value_parser = cordis_engine::parse_duration)]
+    retain_sessions_for: Option<std::time::Duration>,
+    /// Session retention: keep at most this many session logs (the most recently changed;
+    /// the sessions a process holds are never removed), at start and every 10 minutes.
+    #[arg(long, value_name = "N")]
+    retain_sessions: Option<usize>,
+}
+
+/// How often a server applies its session retention.
+const RETENTION_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Applies `retention` to `sessions` now and every [`RETENTION_EVERY`], on a thread of
+/// its own, logging what it removed.
+fn retain_sessions(
+    sessions: Arc<cordis_engine::SessionStore>,
+    retention: cordis_engine::Retention,
+) -> anyhow::Result<()> {
+    let apply = move || match sessions.retain(&retention) {
+        Ok(removed) if removed.is_empty() => {}
+        Ok(removed) => tracing::info!(
+            removed = removed.len(),
+            "session retention removed {} session log(s) no process holds: {}",
+            removed.len(),
+            removed.join(", ")
+        ),
+        Err(e) => tracing::warn!("session retention failed: {e}"),
+    };
+    apply();
+    std::thread::Builder::new()
+        .name("cordis-retention".into())
+        .spawn(move || loop {
+            std::thread::sleep(RETENTION_EVERY);
+            apply();
+        })
+        .context("cannot start the session retention thread")?;
+    Ok(())
 }
 
 /// `--instance`: a name session ids may start with.
@@ -126,6 +164,15 @@ pub(crate) fn run(
             return Err(e);
         }
     };
+    if args.retain_sessions_for.is_some() || args.retain_sessions.is_some() {
+        retain_sessions(
+            runtime.sessions().clone(),
+            cordis_engine::Retention {
+                older_than: args.retain_sessions_for,
+                keep: args.retain_sessions,
+            },
+        )?;
+    }
     let mut status = HostStatus::new(&manifest);
     runtime.inspect(|c| status.publish(c, state_dir));
     // `None` once the host stops serving: nothing writes the status file after that.

@@ -35,12 +35,20 @@ pub(crate) enum SessionCommand {
         mode: SandboxMode,
     },
     /// Remove the sessions `cordis call` made for one call (never a session made by
-    /// `cordis session new` or by `cordis run` for a client), when unchanged for a while.
+    /// `cordis session new` or by `cordis run` for a client), when unchanged for a while;
+    /// with `--all`, apply a retention policy to every session no process holds.
     Prune {
         /// Remove only those unchanged for this long: a number and a unit, `s`, `m`, `h`
-        /// or `d` (e.g. `30m`, `7d`; `0s` for all of them).
-        #[arg(long, default_value = "1h", value_parser = cordis_engine::parse_duration)]
-        older_than: std::time::Duration,
+        /// or `d` (e.g. `30m`, `7d`; `0s` for all of them) [default: 1h without `--all`].
+        #[arg(long, value_parser = cordis_engine::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Every session, not only those `cordis call` made, except the ones a process
+        /// holds (a running server's, a call's) and those changed in the last minute.
+        #[arg(long)]
+        all: bool,
+        /// With `--all`: keep at most this many (the most recently changed).
+        #[arg(long, value_name = "N", requires = "all")]
+        keep: Option<usize>,
     },
 }
 
@@ -129,7 +137,27 @@ pub(crate) fn session(host: Host, cmd: SessionCommand) -> anyhow::Result<ExitCod
             outcome.with_context(|| format!("failed to set the mode of session {id}"))?;
             println!("session {id}: mode {mode}");
         }
-        SessionCommand::Prune { older_than } => {
+        SessionCommand::Prune {
+            older_than,
+            all: true,
+            keep,
+        } => {
+            if older_than.is_none() && keep.is_none() {
+                anyhow::bail!("`--all` needs a policy: `--older-than AGE`, `--keep N`, or both");
+            }
+            let removed = host
+                .sessions()
+                .retain(&cordis_engine::Retention { older_than, keep })?;
+            for id in &removed {
+                println!("{id}");
+            }
+            eprintln!(
+                "removed {} session(s) no process holds, by the retention policy",
+                removed.len()
+            );
+        }
+        SessionCommand::Prune { older_than, .. } => {
+            let older_than = older_than.unwrap_or(std::time::Duration::from_secs(3600));
             let removed = host.sessions().prune(older_than)?;
             for id in &removed {
                 println!("{id}");
