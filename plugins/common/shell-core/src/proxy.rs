@@ -39,7 +39,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 /// The most connections one command may have open through the proxy at once.
 const MAX_CONNECTIONS: usize = 256;
-/// How long the proxy waits, once the command is over, for its connections to end.
+/// After this long waiting for the connections of a command that is over, the wait is
+/// logged (it goes on: see [`Proxy::finish`]).
 const DRAIN: Duration = Duration::from_secs(1);
 /// The most decisions one command's record keeps (the rest are counted).
 const MAX_RECORDS: usize = 1000;
@@ -241,7 +242,11 @@ impl Proxy {
         })
     }
 
-    /// Stops accepting, ends every open connection, and returns the decisions made.
+    /// Stops accepting, ends every open connection, and returns the decisions made, once
+    /// every connection thread has returned: their code is the backend's library, which a
+    /// reload may unload once the call is over, so none may outlive it. What a thread can
+    /// still be blocked in is bounded: a name being resolved, a connection being opened
+    /// ([`CONNECT_TIMEOUT`] in all).
     pub(crate) fn finish(mut self) -> Vec<Connection> {
         self.stop_serving();
         let shared = &self.shared;
@@ -249,21 +254,20 @@ impl Proxy {
         for (_, socket) in &live.sockets {
             let _ = socket.shutdown(Shutdown::Both);
         }
-        let deadline = Instant::now() + DRAIN;
+        let mut logged = false;
         while live.threads > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let (next, waited) = shared
+                .ended
+                .wait_timeout(live, DRAIN)
+                .unwrap_or_else(|e| e.into_inner());
+            live = next;
+            if waited.timed_out() && !logged && live.threads > 0 {
+                logged = true;
                 tracing::debug!(
                     threads = live.threads,
-                    "network proxy: connections still opening when the command ended"
+                    "network proxy: waiting for connections still resolving or opening after the command ended"
                 );
-                break;
             }
-            live = shared
-                .ended
-                .wait_timeout(live, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
         }
         drop(live);
         let records =
@@ -346,16 +350,24 @@ fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd, stop: &OwnedFd) {
             }
             live.threads += 1;
         }
+        // Tracked before its thread starts: once this loop has returned, every accepted
+        // connection can be shut down.
+        let Some(client_id) = shared.track(&client) else {
+            let mut live = shared.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.threads -= 1;
+            continue;
+        };
         let serving = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("dsh-proxy-conn".into())
             .spawn(move || {
-                handle(&serving, client);
+                handle(&serving, client, client_id);
                 let mut live = serving.live.lock().unwrap_or_else(|e| e.into_inner());
                 live.threads -= 1;
                 serving.ended.notify_all();
             });
         if spawned.is_err() {
+            shared.untrack(&[client_id]);
             let mut live = shared.live.lock().unwrap_or_else(|e| e.into_inner());
             live.threads -= 1;
         }
@@ -574,10 +586,17 @@ fn admit(shared: &Shared, req: &Request) -> Result<(Vec<IpAddr>, String), Refusa
     Ok((addrs, rule))
 }
 
+/// Connects to the first of `addrs` that answers, within [`CONNECT_TIMEOUT`] in all.
 fn connect(addrs: &[IpAddr], port: u16) -> Result<TcpStream, String> {
+    let deadline = Instant::now() + CONNECT_TIMEOUT;
     let mut last = None;
     for addr in addrs {
-        match TcpStream::connect_timeout(&SocketAddr::new(*addr, port), CONNECT_TIMEOUT) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            last = Some(format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()));
+            break;
+        }
+        match TcpStream::connect_timeout(&SocketAddr::new(*addr, port), left) {
             Ok(s) => return Ok(s),
             Err(e) => last = Some(format!("{addr}: {e}")),
         }
@@ -588,12 +607,9 @@ fn connect(addrs: &[IpAddr], port: u16) -> Result<TcpStream, String> {
     ))
 }
 
-/// Serves one client connection to its end.
-fn handle(shared: &Shared, client: TcpStream) {
+/// Serves one client connection (tracked as `client_id`) to its end.
+fn handle(shared: &Shared, client: TcpStream, client_id: u64) {
     let started = Instant::now();
-    let Some(client_id) = shared.track(&client) else {
-        return;
-    };
     let _ = client.set_read_timeout(Some(HEAD_TIMEOUT));
     let Ok((head, rest)) = read_head(&client) else {
         shared.untrack(&[client_id]);
