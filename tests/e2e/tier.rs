@@ -82,10 +82,16 @@ fn script(host: &Host) -> String {
          python3 -c 'import socket; socket.socket(socket.AF_INET)' 2>/dev/null || echo 'ip socket refused'; \
          python3 -c 'import socket; socket.socket(socket.AF_INET6)' 2>/dev/null || echo 'ipv6 socket refused'; \
          python3 -c 'import socket; socket.socket(socket.AF_UNIX)' 2>/dev/null || echo 'unix socket refused'; \
+         cat /proc/{host_pid}/environ >/dev/null 2>&1 || echo 'host environ refused'; \
+         kill -0 {host_pid} 2>/dev/null || echo 'host signal refused'; \
+         echo 1 > /proc/sys/vm/drop_caches 2>/dev/null || echo 'proc sys refused'; \
+         cat '/proc/1/root{secret}' 2>/dev/null || echo 'secret alias refused'; \
+         ln '{secret}' hard 2>/dev/null || echo 'hard link refused'; \
          grep NoNewPrivs /proc/self/status; grep CapEff /proc/self/status",
         outside = outside.display(),
         secret = host.dir("secret.txt").display(),
         state = host.dir("state").display(),
+        host_pid = std::process::id(),
     )
 }
 
@@ -105,6 +111,14 @@ fn the_landlock_only_tier_runs_where_user_namespaces_are_refused() {
         "ip socket refused",
         "ipv6 socket refused",
         "unix socket refused",
+        // No namespace hides the host's processes: Landlock keeps the command from
+        // reading or signalling them, and from reaching an unreadable file by an alias
+        // (`/proc/1/root`, a hard link).
+        "host environ refused",
+        "host signal refused",
+        "proc sys refused",
+        "secret alias refused",
+        "hard link refused",
         "NoNewPrivs:\t1",
         "CapEff:\t0000000000000000",
     ] {
