@@ -1109,21 +1109,26 @@ unsafe fn confine_shell(spec: &SandboxSpec, report: RawFd) {
     );
     libc::close(landlock);
     if !spec.seccomp.is_empty() {
-        let prog = libc::sock_fprog {
-            len: spec.seccomp.len() as u16,
-            filter: spec.seccomp.as_ptr() as *mut libc::sock_filter,
-        };
-        check(
-            report,
-            Stage::Seccomp,
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                &prog as *const libc::sock_fprog,
-            ),
-        );
+        install_seccomp(report, &spec.seccomp);
     }
+}
+
+/// Installs the seccomp `program` on the calling thread (`no_new_privs` already set).
+pub(crate) unsafe fn install_seccomp(report: RawFd, program: &[libc::sock_filter]) {
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    check(
+        report,
+        Stage::Seccomp,
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        ),
+    );
 }
 
 #[cfg(test)]

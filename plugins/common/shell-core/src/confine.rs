@@ -405,12 +405,10 @@ impl Confinement {
             list.dedup();
         }
         let landlock_only = policy.confinement == ConfinementTier::LandlockOnly;
-        let landlock = if landlock_only {
+        if landlock_only {
             tier_refusals(egress.is_some(), &protected, &hidden, &writable)?;
-            landlock_only_ruleset(&roots, &fence, &hidden)?
-        } else {
-            landlock_ruleset(&roots, &fence)?
-        };
+        }
+        let landlock = landlock_ruleset(&roots, &fence, landlock_only.then_some(&hidden[..]))?;
         let count = writable.len() + protected.len() + pinned.len() + hidden.len();
         if count > MAX_BINDS {
             return Err(ConfineError::TooManyBinds { count });
@@ -505,16 +503,33 @@ fn creatable(path: &Path, root: &Path) -> Result<Option<PathBuf>, ConfineError> 
 }
 
 /// The Landlock ruleset: write-ish rights only beneath `roots`, signals and abstract unix
-/// sockets scoped to the sandbox where the kernel can.
+/// sockets scoped to the sandbox where the kernel can. With `unreadable` (the
+/// `landlock-only` tier, which has no mount view to hide paths), reads are handled too:
+/// the writable roots are readable, and everything else but `unreadable` (canonical paths,
+/// none inside a writable root), which is carved out: every entry of each directory above
+/// an unreadable path gets its own read rule, except the one on the way to it (the
+/// directories above keep no rule of their own, so they cannot be listed).
 fn landlock_ruleset(
     roots: &[PathBuf],
     fence: &Fence,
+    unreadable: Option<&[PathBuf]>,
 ) -> Result<std::os::fd::OwnedFd, ConfineError> {
     let write = AccessFs::from_write(PINNED_ABI);
+    let read = match unreadable {
+        Some(_) => AccessFs::from_read(PINNED_ABI),
+        None => BitFlags::EMPTY,
+    };
+    let readable = |path: &Path| {
+        if path.is_dir() {
+            read
+        } else {
+            read & AccessFs::from_file(PINNED_ABI)
+        }
+    };
     let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(write)
+        .handle_access(write | read)
         .map_err(ruleset_err)?
         .set_compatibility(CompatLevel::BestEffort)
         .scope(Scope::Signal | Scope::AbstractUnixSocket)
@@ -522,7 +537,6 @@ fn landlock_ruleset(
         .create()
         .map_err(ruleset_err)?;
     for root in roots {
-        let rights = rights_for(root, write);
         let fd = PathFd::new(root).map_err(|source| ConfineError::OpenRoot {
             path: root.clone(),
             source,
@@ -537,7 +551,22 @@ fn landlock_ruleset(
         fence.check_opened(root, opened)?;
         ruleset = ruleset
             .set_compatibility(CompatLevel::HardRequirement)
-            .add_rule(PathBeneath::new(fd, rights))
+            .add_rule(PathBeneath::new(
+                fd,
+                rights_for(root, write) | readable(root),
+            ))
+            .map_err(ruleset_err)?;
+    }
+    for path in unreadable
+        .map(readable_around)
+        .transpose()?
+        .unwrap_or_default()
+    {
+        // An entry that vanished since it was listed is not readable.
+        let Ok(fd) = PathFd::new(&path) else { continue };
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .add_rule(PathBeneath::new(fd, readable(&path)))
             .map_err(ruleset_err)?;
     }
     let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
@@ -584,70 +613,6 @@ fn tier_refusals(
         ));
     }
     Ok(())
-}
-
-/// The `landlock-only` tier's ruleset: reads and writes handled; the writable roots
-/// readable and writable; everything else readable except `unreadable` (canonical paths,
-/// none inside a writable root), which is carved out: every entry of each directory above
-/// an unreadable path gets its own read rule, except the one on the way to it (the
-/// directories above keep no rule of their own, so they cannot be listed).
-fn landlock_only_ruleset(
-    roots: &[PathBuf],
-    fence: &Fence,
-    unreadable: &[PathBuf],
-) -> Result<std::os::fd::OwnedFd, ConfineError> {
-    let write = AccessFs::from_write(PINNED_ABI);
-    let read = AccessFs::from_read(PINNED_ABI);
-    let ruleset_err = |source: RulesetError| ConfineError::Ruleset { source };
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(write | read)
-        .map_err(ruleset_err)?
-        .set_compatibility(CompatLevel::BestEffort)
-        .scope(Scope::Signal | Scope::AbstractUnixSocket)
-        .map_err(ruleset_err)?
-        .create()
-        .map_err(ruleset_err)?;
-    let open = |path: &Path| {
-        PathFd::new(path).map_err(|source| ConfineError::OpenRoot {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    let readable = |path: &Path| {
-        if path.is_dir() {
-            read
-        } else {
-            read & AccessFs::from_file(PINNED_ABI)
-        }
-    };
-    for root in roots {
-        let fd = open(root)?;
-        let opened = FileId::of_fd(std::os::fd::AsFd::as_fd(&fd)).map_err(|source| {
-            ConfineError::Unverifiable {
-                path: root.clone(),
-                source,
-            }
-        })?;
-        fence.check_opened(root, opened)?;
-        ruleset = ruleset
-            .set_compatibility(CompatLevel::HardRequirement)
-            .add_rule(PathBeneath::new(
-                fd,
-                rights_for(root, write) | readable(root),
-            ))
-            .map_err(ruleset_err)?;
-    }
-    for path in readable_around(unreadable)? {
-        // An entry that vanished since it was listed is not readable.
-        let Ok(fd) = PathFd::new(&path) else { continue };
-        ruleset = ruleset
-            .set_compatibility(CompatLevel::HardRequirement)
-            .add_rule(PathBeneath::new(fd, readable(&path)))
-            .map_err(ruleset_err)?;
-    }
-    let fd: Option<std::os::fd::OwnedFd> = ruleset.into();
-    fd.ok_or(ConfineError::NotEnforced)
 }
 
 /// `/` without `unreadable`: `/` itself when nothing is unreadable, else every entry of the

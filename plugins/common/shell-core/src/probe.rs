@@ -107,10 +107,6 @@ pub fn seccomp() -> Result<(), Failed> {
         error: std::io::Error::other(reason),
     })?;
     in_child(|report| {
-        let prog = libc::sock_fprog {
-            len: program.len() as u16,
-            filter: program.as_ptr() as *mut libc::sock_filter,
-        };
         // SAFETY: in the forked child; the program outlives the call.
         unsafe {
             child::check(
@@ -118,16 +114,7 @@ pub fn seccomp() -> Result<(), Failed> {
                 Stage::Capabilities,
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as _,
             );
-            child::check(
-                report,
-                Stage::Seccomp,
-                libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    0,
-                    &prog as *const libc::sock_fprog,
-                ),
-            );
+            child::install_seccomp(report, &program);
         }
     })
 }
