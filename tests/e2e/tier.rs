@@ -3,7 +3,9 @@
 //! restriction does): commands run with writes outside the workspace, unreadable paths and
 //! the network refused; without the option nothing runs; what the tier cannot enforce is
 //! refused, not lost. Everything lives outside the temp areas (`/tmp` is writable, and the
-//! tier refuses a protected path inside a writable root).
+//! tier refuses a protected path inside a writable root): the manifest, the state, and the
+//! `cordis` binary with the plugins it loads (copied, so a build under `/tmp` is not a
+//! protected path inside a writable root).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -18,8 +20,15 @@ struct Host {
 impl Host {
     fn new(policy: &str) -> Host {
         let outside = Outside::new("tier");
-        for dir in ["ws", "state", "data"] {
+        for dir in ["ws", "state", "data", "bin"] {
             std::fs::create_dir_all(outside.dir.join(dir)).expect("mkdir");
+        }
+        // Plugins are found next to the binary.
+        let bin = outside.dir.join("bin");
+        std::fs::copy(cordis_e2e::cordis_bin(), bin.join("cordis")).expect("copy cordis");
+        for plugin in ["dsh-sandbox-policy", "dsh-bash-sandbox", "dsh-tool-bash"] {
+            let lib = cordis_e2e::library(plugin);
+            std::fs::copy(&lib, bin.join(lib.file_name().expect("a file"))).expect("copy a plugin");
         }
         std::fs::write(outside.dir.join("secret.txt"), "s3cret\n").expect("secret");
         let host = Host { outside };
@@ -40,7 +49,7 @@ impl Host {
     }
 
     fn cordis(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(cordis_e2e::cordis_bin());
+        let mut cmd = Command::new(self.dir("bin/cordis"));
         cmd.current_dir(self.dir("ws"))
             .env("CORDIS_STATE_DIR", self.dir("state"))
             .env("XDG_DATA_HOME", self.dir("data"))
