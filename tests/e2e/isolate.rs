@@ -499,7 +499,7 @@ fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_anot
         let rt = runtime_of(
             &s,
             &format!(
-                "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n\
+                "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    network: {{ask: true}}\n\
                  - name: dsh-fs-sandbox\n\
                  - name: fixture-crashy\n{}\
                  - name: fixture-greeter-consumer\n",
@@ -550,9 +550,16 @@ fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_anot
             "append_other",
             "set_mode_other",
             "resolve_other",
+            "approve_host_other",
         ] {
             assert_eq!(claim[attempt], "SESSION_NOT_CALLING", "{attempt}: {claim}");
         }
+        let approved_hosts = |id: &str| {
+            rt.sessions()
+                .events(id, Some("sandbox/network-approved"))
+                .expect("events")
+                .len()
+        };
         assert_eq!(
             claim["resolve_calling_root"],
             dir_a
@@ -569,9 +576,14 @@ fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_anot
             "nothing was written to the other session"
         );
         if isolated {
-            for attempt in ["resolve_wider", "write_made_up"] {
+            for attempt in ["resolve_wider", "write_made_up", "approve_host"] {
                 assert_eq!(claim[attempt], "SANDBOX_NOT_APPROVED", "{attempt}: {claim}");
             }
+            assert_eq!(
+                approved_hosts(&a.id),
+                0,
+                "an isolated entry approved a host itself"
+            );
             assert!(!outside.exists(), "a made-up policy wrote outside the root");
             // A thread the plugin started itself is outside any session.
             assert_eq!(
@@ -591,6 +603,14 @@ fn the_call_context_reaches_providers_and_an_isolated_plugin_cannot_act_for_anot
                     .is_some_and(|r| r.starts_with("ok: ")),
                 "{claim}"
             );
+            // In the host's process a plugin is trusted like the host.
+            assert!(
+                claim["approve_host"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("ok: ")),
+                "{claim}"
+            );
+            assert_eq!(approved_hosts(&a.id), 1);
             assert_eq!(
                 std::fs::read_to_string(&outside).expect("written"),
                 "claimed\n"
