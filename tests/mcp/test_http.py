@@ -65,10 +65,14 @@ class HttpServer:
         token: str | None = TOKEN,
         bind: str = "127.0.0.1:0",
         open_files: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> HttpServer:
-        """`open_files`: the server's descriptor limit (soft and hard)."""
-        env = {**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "RUST_LOG": "warn,cordis=info,cordis_cli=info"}
-        env.pop("CORDIS_HTTP_TOKEN", None)
+        """`open_files`: the server's descriptor limit (soft and hard); `env`: variables set
+        for the server besides the state directory and the token."""
+        base_env = {**os.environ, "CORDIS_STATE_DIR": str(ws.root / "state"), "RUST_LOG": "warn,cordis=info,cordis_cli=info"}
+        base_env.pop("CORDIS_HTTP_TOKEN", None)
+        base_env.pop("CORDIS_OPERATOR_TOKEN", None)
+        env = {**base_env, **(env or {})}
         if token is not None:
             env["CORDIS_HTTP_TOKEN"] = token
         proc = await asyncio.create_subprocess_exec(

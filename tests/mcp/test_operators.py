@@ -78,14 +78,15 @@ async def test_health_and_readiness_answer_anyone_and_readiness_drops_while_drai
 async def test_metrics_count_the_calls_errors_approvals_and_reloads(ws: Workspace, servers: list[HttpServer]) -> None:  # noqa: F811
     manifest = ws.manifest(CONFINED)
     (ws.project("p") / "f.txt").write_text("four\n")
-    server = await start(servers, ws)
+    # No operator channel: an escalation nobody can be asked about is unavailable at once.
+    server = await start(servers, ws, "--approval-timeout", "0")
     async with connect(server.url) as s:
         for _ in range(3):
             r = await s.call_tool("read", {"path": "f.txt"})
             assert not r.is_error
         missing = await s.call_tool("read", {"path": "no-such-file.txt"})
         assert missing.is_error
-        # An escalation without a client that can be asked: the approval is unavailable.
+        # An escalation without a client or an operator that can be asked: unavailable.
         escalate = {"command": "true", "sandbox_permissions": "danger-full-access", "justification": "metrics"}
         r = await s.call_tool("bash", escalate)
         assert r.is_error

@@ -178,7 +178,9 @@ async def test_escalation_outcomes(
     else:
         args = {"path": str(victim), "content": "original\nescalated\n", **ESCALATE}
         escalated = "original\nescalated\n"
-    async with ws.connect(ws.project("p"), mode=mode, elicitation=approver) as client:
+    # Without a client that can be asked, nor an operator channel, nobody can be asked.
+    extra = [] if approver is not None else ["--approval-timeout", "0"]
+    async with ws.connect(ws.project("p"), mode=mode, elicitation=approver, extra_args=extra) as client:
         r = await client.call_tool(tool, args)
         if refusal is None:
             assert not r.is_error, show(r)

@@ -13,6 +13,7 @@ pub mod http;
 pub mod isolated;
 pub mod mcp;
 pub mod metrics;
+pub mod operator;
 pub mod plugins;
 pub mod scaffold;
 pub mod status;

@@ -87,6 +87,10 @@ enum Command {
     /// Run one tool call in a session and print the tool's text (exit 0: success result,
     /// 1: error result such as a sandbox denial, 2: usage or host error).
     Call(commands::call::CallArgs),
+    /// List and answer the escalations waiting for a person in the running hosts (for
+    /// clients that cannot ask one themselves).
+    #[command(subcommand)]
+    Approvals(commands::approvals::ApprovalsCommand),
     /// Create, inspect and switch sessions.
     #[command(subcommand)]
     Session(commands::session::SessionCommand),
@@ -227,6 +231,7 @@ fn main() -> ExitCode {
         Command::Tools => commands::tools::tools(&host),
         Command::Call(args) => return commands::call::call(host, args),
         Command::Session(cmd) => commands::session::session(host, cmd),
+        Command::Approvals(cmd) => commands::approvals::approvals(&state_dir, cmd),
         Command::New {
             name,
             path,

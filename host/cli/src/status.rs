@@ -141,6 +141,13 @@ impl HostStatus {
         let manifest = manifest
             .canonicalize()
             .unwrap_or_else(|_| manifest.to_path_buf());
+        let mut live = HostStatus::all_live(state_dir);
+        live.retain(|s| s.manifest == manifest);
+        live
+    }
+
+    /// The statuses of every live host in `state_dir`, whatever it serves, by pid.
+    pub fn all_live(state_dir: &Path) -> Vec<HostStatus> {
         let Ok(dirs) = std::fs::read_dir(state_dir.join("run")) else {
             return Vec::new();
         };
@@ -149,7 +156,7 @@ impl HostStatus {
                 let text = std::fs::read(d.ok()?.path().join("status.json")).ok()?;
                 serde_json::from_slice::<HostStatus>(&text).ok()
             })
-            .filter(|s| s.manifest == manifest && is_alive(s.pid))
+            .filter(|s| is_alive(s.pid))
             .collect();
         live.sort_by_key(|s| s.pid);
         live

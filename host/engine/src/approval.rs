@@ -115,7 +115,7 @@ pub(crate) const WRAP_AT: usize = 100;
 /// default-ignorables, unassigned and private-use code points) escaped (`\n`,
 /// `\u{1b}`, `\u{200b}`, …), so it stays on one line, shows every character it holds, and
 /// cannot restyle or reorder the prompt around it.
-pub(crate) fn escape_line(text: &str) -> String {
+pub fn escape_line(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

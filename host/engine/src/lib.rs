@@ -28,7 +28,9 @@ use std::sync::Arc;
 
 use cordis_sdk::abi::ServiceBox;
 
-pub use crate::approval::{render as render_approval, ApprovalRouter, Asker};
+pub use crate::approval::{
+    escape_line as escape_approval_line, render as render_approval, ApprovalRouter, Asker,
+};
 pub use crate::diag::{
     code as diagnostic_code, hostile, Code, Diagnostic, Diagnostics, Pos, Severity, CODES,
 };

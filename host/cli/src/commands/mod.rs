@@ -1,5 +1,6 @@
 //! One module per `cordis` command: its arguments and what it does.
 
+pub(crate) mod approvals;
 pub(crate) mod call;
 pub(crate) mod check;
 pub(crate) mod doctor;

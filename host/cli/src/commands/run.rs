@@ -80,6 +80,12 @@ pub(crate) struct RunArgs {
     /// the sessions a process holds are never removed), at start and every 10 minutes.
     #[arg(long, value_name = "N")]
     retain_sessions: Option<usize>,
+    /// How long an escalation waits for a person: its client (elicitation) or an operator
+    /// (`cordis approvals approve|deny`, or `/approvals` over HTTP); after it, it is
+    /// unavailable. 0: no operator channel (a client that cannot be asked gets
+    /// `unavailable` at once).
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    approval_timeout: u64,
 }
 
 /// How often a server applies its session retention.
@@ -256,15 +262,38 @@ pub(crate) fn run(
     .enable_all()
     .build()
     .context("failed to start the async runtime")?;
+    // The operator channel: approvals a person answers from outside the client.
+    let operator = (args.approval_timeout > 0).then(|| {
+        cordis_cli::operator::Operator::new(std::time::Duration::from_secs(args.approval_timeout))
+    });
+    let control = match &operator {
+        Some(_) => match cordis_cli::operator::Control::bind(&copies_dir) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                stop_publishing();
+                runtime.shutdown();
+                let _ = std::fs::remove_dir_all(&copies_dir);
+                return Err(e.context(
+                    "cannot open the approvals socket (--approval-timeout 0 runs without one)",
+                ));
+            }
+        },
+        None => None,
+    };
     let options = McpOptions {
         session: args.session,
         cwd: args.cwd,
         allow_roots: args.allow_root,
+        operator: operator.clone(),
     };
     let deadline = std::time::Duration::from_secs(args.shutdown_timeout);
     let ended = tokio.block_on(async {
         // Signals are handled from here on; only then is the host announced as running.
         let mut signals = Signals::install()?;
+        let _control = match (control, &operator) {
+            (Some(control), Some(operator)) => Some(control.serve(operator.clone())?),
+            _ => None,
+        };
         runtime.inspect(|c| {
             let plugins: Vec<String> = c
                 .plan()
@@ -312,6 +341,7 @@ pub(crate) fn run(
                 let http = HttpOptions {
                     addr,
                     token: std::env::var(cordis_cli::http::TOKEN_ENV).ok(),
+                    operator_token: std::env::var(cordis_cli::http::OPERATOR_TOKEN_ENV).ok(),
                     state_dir: state_dir.to_path_buf(),
                     allow_origins: args.allow_origin,
                     idle_timeout: std::time::Duration::from_secs(args.idle_timeout),

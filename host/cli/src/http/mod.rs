@@ -42,11 +42,16 @@ use cordis_engine::Runtime;
 use crate::mcp::handles::Principal;
 use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
 
+mod approvals;
 pub mod connections;
 pub mod sessions;
 
 /// The environment variable an operator's bearer token comes from.
 pub const TOKEN_ENV: &str = "CORDIS_HTTP_TOKEN";
+
+/// The environment variable the operator's token comes from: it alone answers approvals
+/// over HTTP (`/approvals`); a client's token never does.
+pub const OPERATOR_TOKEN_ENV: &str = "CORDIS_OPERATOR_TOKEN";
 
 /// The file a generated token is written to, in the state directory.
 pub const TOKEN_FILE: &str = "http-token";
@@ -67,6 +72,9 @@ pub struct HttpOptions {
     pub addr: SocketAddr,
     /// The operator's bearer token; `None`: one is generated.
     pub token: Option<String>,
+    /// The token that answers approvals (`/approvals`); `None`: approvals are answered
+    /// only on this machine (`cordis approvals`).
+    pub operator_token: Option<String>,
     /// Where a generated token is written.
     pub state_dir: PathBuf,
     /// Browser origins allowed besides the loopback ones (`http://localhost:*`, ...).
@@ -121,6 +129,18 @@ pub async fn serve_http(
             );
             vec![token]
         }
+    };
+    let operator_token = match &options.operator_token {
+        Some(t) => {
+            check_token(t).map_err(|e| anyhow::anyhow!("{OPERATOR_TOKEN_ENV}: {e}"))?;
+            if tokens.iter().any(|c| c == t) {
+                anyhow::bail!(
+                    "{OPERATOR_TOKEN_ENV} is also a client's token ({TOKEN_ENV}): a client could then approve its own escalations; choose another secret"
+                );
+            }
+            Some(t.clone())
+        }
+        None => None,
     };
     let hub = Hub::new(runtime, &mcp, Some(options.idle_timeout))?;
     hub.handles
@@ -195,11 +215,22 @@ pub async fn serve_http(
         .route(METRICS_PATH, axum::routing::get(metrics))
         .with_state(hub.clone())
         .layer(axum::middleware::from_fn_with_state(bearer, require_token));
+    let approval_routes = axum::Router::new()
+        .route(APPROVALS_PATH, axum::routing::get(approvals::list))
+        .route(
+            &format!("{APPROVALS_PATH}/{{id}}/{{decision}}"),
+            axum::routing::post(approvals::answer),
+        )
+        .with_state(Arc::new(approvals::Approvals {
+            hub: hub.clone(),
+            token: operator_token,
+        }));
     let app = axum::Router::new()
         .route(HEALTH_PATH, axum::routing::get(|| async { "ok\n" }))
         .route(READY_PATH, axum::routing::get(ready))
         .with_state(hub.clone())
         .merge(metrics_routes)
+        .merge(approval_routes)
         .merge(mcp_routes);
 
     let forward = hub.forward_tool_changes(&notifier);
@@ -244,6 +275,9 @@ pub const HEALTH_PATH: &str = "/healthz";
 pub const READY_PATH: &str = "/readyz";
 /// The Prometheus metrics ([`crate::metrics`]), behind the bearer token.
 pub const METRICS_PATH: &str = "/metrics";
+/// The approvals waiting for a person (`GET`), and each one's answer (`POST
+/// /approvals/<id>/approve|deny`), behind the operator's token.
+pub const APPROVALS_PATH: &str = "/approvals";
 
 async fn ready(State(hub): State<Arc<Hub>>) -> Response {
     if hub.is_closing() {

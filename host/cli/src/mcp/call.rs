@@ -137,6 +137,62 @@ pub(super) async fn report(
     }
 }
 
+/// A call's approval request, asked of its client and an operator.
+struct Asked<'a> {
+    context: &'a RequestContext<RoleServer>,
+    token: Option<&'a ProgressToken>,
+    running: &'a Running,
+    request: &'a ApprovalRequest,
+}
+
+impl Asked<'_> {
+    /// The first answer: the client's (by elicitation, when `elicits`) or the operator's
+    /// (when `waiting`). The client hears progress meanwhile; a client that cancels or goes
+    /// away cancels the request. A failed elicitation leaves the operator to answer.
+    async fn answer(
+        &self,
+        elicits: bool,
+        mut waiting: Option<crate::operator::Waiting>,
+        ticker: &mut tokio::time::Interval,
+        liveness: &mut Option<Liveness>,
+    ) -> ApprovalOutcome {
+        let doing = match &waiting {
+            Some(w) => format!(
+                "waiting for approval (an operator can answer: `cordis approvals approve {}`)",
+                w.id()
+            ),
+            None => "waiting for approval".to_string(),
+        };
+        let mut client_asked = elicits;
+        let operator_waits = waiting.is_some();
+        let asking = elicit_now(&self.context.peer, self.request);
+        tokio::pin!(asking);
+        let by_operator = async {
+            match &mut waiting {
+                Some(w) => w.outcome().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(by_operator);
+        loop {
+            tokio::select! {
+                outcome = &mut asking, if client_asked => {
+                    if outcome != ApprovalOutcome::Unavailable || !operator_waits {
+                        return outcome;
+                    }
+                    client_asked = false;
+                }
+                outcome = &mut by_operator => return outcome,
+                _ = ticker.tick(), if self.token.is_some() => {
+                    report(self.context, self.token, self.running, &doing).await;
+                }
+                () = client_lost(liveness, &self.context.peer) => return ApprovalOutcome::Cancelled,
+                _ = self.context.ct.cancelled() => return ApprovalOutcome::Cancelled,
+            }
+        }
+    }
+}
+
 impl McpServer {
     pub(super) fn start_call(
         &self,
@@ -230,31 +286,26 @@ impl McpServer {
                     return self.finish(&running.tool, finished).into();
                 }
                 Some(ask) = running.asks.recv() => {
-                    if !elicitation_supported(context) {
-                        ask.answer(ApprovalOutcome::Unavailable);
-                    } else if is_modern(context) {
+                    let elicits = elicitation_supported(context);
+                    if elicits && is_modern(context) {
                         match self.park(running, ask, args) {
                             Ok(input) => return input.into(),
                             Err(text) => return error_result(text),
                         }
-                    } else {
-                        let outcome = {
-                            let asking = elicit_now(&context.peer, &ask.request);
-                            tokio::pin!(asking);
-                            loop {
-                                tokio::select! {
-                                    outcome = &mut asking => break outcome,
-                                    _ = ticker.tick(), if token.is_some() => {
-                                        report(context, token.as_ref(), &running, "waiting for approval").await;
-                                    }
-                                    () = client_lost(&mut liveness, &context.peer) => {
-                                        break ApprovalOutcome::Cancelled;
-                                    }
-                                }
-                            }
-                        };
-                        ask.answer(outcome);
                     }
+                    let waiting = self.shared.hub.operator.as_ref().map(|o| o.wait(&ask.request));
+                    let outcome = if elicits || waiting.is_some() {
+                        let asked = Asked {
+                            context,
+                            token: token.as_ref(),
+                            running: &running,
+                            request: &ask.request,
+                        };
+                        asked.answer(elicits, waiting, &mut ticker, &mut liveness).await
+                    } else {
+                        ApprovalOutcome::Unavailable
+                    };
+                    ask.answer(outcome);
                 }
                 line = next_line(&mut running.feed), if running.feed.is_some() => match line {
                     Some(line) => {

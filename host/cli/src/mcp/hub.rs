@@ -29,6 +29,8 @@ pub(crate) struct Hub {
     /// Set when the server stops taking calls.
     pub(super) closing: std::sync::atomic::AtomicBool,
     pub(super) in_flight: watch::Sender<usize>,
+    /// Where approvals wait for an operator.
+    pub(super) operator: Option<Arc<crate::operator::Operator>>,
 }
 
 impl Hub {
@@ -67,6 +69,7 @@ impl Hub {
             by_mcp_session: Mutex::default(),
             closing: Default::default(),
             in_flight: watch::channel(0).0,
+            operator: options.operator.clone(),
         }))
     }
 
@@ -125,6 +128,11 @@ impl Hub {
         lock(&self.live).len()
     }
 
+    /// Where approvals wait for an operator, when they do.
+    pub(crate) fn operator(&self) -> Option<&Arc<crate::operator::Operator>> {
+        self.operator.as_ref()
+    }
+
     /// Whether the server stopped taking calls.
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
@@ -151,6 +159,10 @@ impl Hub {
     /// then cancels what remains (a running command is killed).
     pub(crate) async fn drain(&self, give_up: impl std::future::Future<Output = ()>) {
         self.closing.store(true, Ordering::SeqCst);
+        // Nobody will be there to answer: the calls waiting for an operator go on, refused.
+        if let Some(operator) = &self.operator {
+            operator.cancel_all();
+        }
         let mut count = self.in_flight.subscribe();
         let running = *count.borrow();
         if running > 0 {

@@ -19,7 +19,10 @@
 //!   the arguments, and the parked approval is removed when answered, so an answer can be
 //!   neither forged nor replayed, and is only ever consumed by the call that asked.
 //!
-//! Without the client's elicitation capability the answer is `unavailable`.
+//! An approval also waits for an operator ([`crate::operator`]): a client without the
+//! elicitation capability waits for one (with progress) instead of failing, and a
+//! handshake-era client's elicitation races one (the first answer counts). Without either,
+//! the answer is `unavailable`.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -96,6 +99,9 @@ pub struct McpOptions {
     /// Where a client's root may lie (each with everything beneath it); empty: only the
     /// fallback root (`cwd`).
     pub allow_roots: Vec<PathBuf>,
+    /// Where approvals wait for a person outside the client ([`crate::operator`]); `None`:
+    /// a call whose client cannot be asked gets `unavailable` at once.
+    pub operator: Option<Arc<crate::operator::Operator>>,
 }
 
 /// Tells connected clients that the tool list changed (`notifications/tools/list_changed`).
