@@ -78,7 +78,7 @@ enum Command {
     },
     /// Load the composition and serve its tools over MCP on stdio until the client
     /// disconnects or SIGINT/SIGTERM; reload changed plugins and cordis.yml while serving.
-    Run(commands::run::RunArgs),
+    Run(Box<commands::run::RunArgs>),
     /// Apply the composition and print the service registry, then the entries and library
     /// generations of every running `cordis run` serving the same manifest.
     Services,
@@ -226,7 +226,7 @@ fn main() -> ExitCode {
             cordis_engine::default_state_dir(cli.state_dir.as_deref()),
             format,
         ),
-        Command::Run(args) => commands::run::run(host, &state_dir, args),
+        Command::Run(args) => commands::run::run(host, &state_dir, *args),
         Command::Services => commands::services::services(&host, &state_dir),
         Command::Tools => commands::tools::tools(&host),
         Command::Call(args) => return commands::call::call(host, args),

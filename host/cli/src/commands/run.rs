@@ -68,6 +68,23 @@ pub(crate) struct RunArgs {
     /// End an HTTP session after this many seconds without requests.
     #[arg(long, value_name = "SECS", default_value_t = 900, requires = "http", value_parser = clap::value_parser!(u64).range(1..))]
     idle_timeout: u64,
+    /// How HTTP clients authenticate: `token` (bearer tokens of this server,
+    /// CORDIS_HTTP_TOKEN) or `oauth` (as an OAuth 2.1 resource server: access tokens of the
+    /// authorization server --oauth-issuer, for the audience --oauth-audience).
+    #[arg(long, value_enum, default_value_t = Auth::Token, requires = "http")]
+    auth: Auth,
+    /// With --auth oauth: the authorization server's issuer identifier, exactly as its
+    /// tokens' `iss` names it (https, or http on loopback).
+    #[arg(long, value_name = "URL", required_if_eq("auth", "oauth"))]
+    oauth_issuer: Option<String>,
+    /// With --auth oauth: this server's canonical URI as its clients reach it (e.g.
+    /// https://mcp.example.com/mcp): the audience (`aud`) its tokens must name.
+    #[arg(long, value_name = "URI", required_if_eq("auth", "oauth"))]
+    oauth_audience: Option<String>,
+    /// With --auth oauth: the issuer's keys (JWKS) [default: discovered from the issuer's
+    /// metadata].
+    #[arg(long, value_name = "URL")]
+    oauth_jwks: Option<String>,
     /// On SIGTERM or SIGINT, give the calls in flight this many seconds to finish before
     /// they are cancelled (a running command is killed).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -86,6 +103,13 @@ pub(crate) struct RunArgs {
     /// `unavailable` at once).
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     approval_timeout: u64,
+}
+
+/// `--auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Auth {
+    Token,
+    Oauth,
 }
 
 /// How often a server applies its session retention.
@@ -338,7 +362,26 @@ pub(crate) fn run(
         };
         match args.http {
             Some(addr) => {
+                let oauth = match args.auth {
+                    Auth::Oauth => Some(cordis_cli::http::oauth::OAuthOptions {
+                        issuer: args.oauth_issuer.unwrap_or_default(),
+                        audience: args.oauth_audience.unwrap_or_default(),
+                        jwks: args.oauth_jwks,
+                    }),
+                    Auth::Token => {
+                        if args.oauth_issuer.is_some()
+                            || args.oauth_audience.is_some()
+                            || args.oauth_jwks.is_some()
+                        {
+                            return Err(anyhow::anyhow!(
+                                "--oauth-issuer, --oauth-audience and --oauth-jwks take effect only with --auth oauth: add it, or drop them"
+                            ));
+                        }
+                        None
+                    }
+                };
                 let http = HttpOptions {
+                    oauth,
                     addr,
                     token: std::env::var(cordis_cli::http::TOKEN_ENV).ok(),
                     operator_token: std::env::var(cordis_cli::http::OPERATOR_TOKEN_ENV).ok(),

@@ -8,49 +8,69 @@ use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, StatusCode};
 use subtle::ConstantTimeEq as _;
 
-use super::OPERATOR_TOKEN_ENV;
+use super::{bearer, oauth, oauth_refusal, APPROVALS_PATH, OPERATOR_TOKEN_ENV};
 use crate::mcp::Hub;
 
 /// What the routes share.
 pub(super) struct Approvals {
     pub(super) hub: Arc<Hub>,
+    /// The operator's own token, `CORDIS_OPERATOR_TOKEN`.
     pub(super) token: Option<String>,
+    /// In OAuth mode, an access token with [`oauth::SCOPE_APPROVALS`] answers too.
+    pub(super) oauth: Option<Arc<oauth::Resource>>,
 }
 
 impl Approvals {
-    /// The operator of this server, when the request carries the operator's token.
-    fn operator(
+    /// The operator of this server, when the request carries the operator's token or an
+    /// access token with the approvals scope.
+    async fn operator(
         &self,
         headers: &HeaderMap,
+        from: &str,
     ) -> Result<&Arc<crate::operator::Operator>, Box<Response>> {
-        let Some(expected) = &self.token else {
-            return Err(Box::new((
-                StatusCode::FORBIDDEN,
-                format!("this server answers approvals over HTTP only with an operator's token: start it with {OPERATOR_TOKEN_ENV} set, or answer on its machine with `cordis approvals`\n"),
-            )
-                .into_response()));
-        };
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let matches =
-            presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
-        if !matches {
-            tracing::warn!(
-                "refused an approvals request with {} (401)",
-                if presented.is_some() {
-                    "a token that is not the operator's"
-                } else {
-                    "no bearer token"
+        let presented = bearer(headers);
+        let operators = self.token.as_ref().is_some_and(|t| {
+            presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(t.as_bytes())))
+        });
+        if !operators {
+            match (&self.oauth, &self.token) {
+                (Some(resource), _) => {
+                    if let Err(refusal) =
+                        resource.authorize(presented, oauth::SCOPE_APPROVALS).await
+                    {
+                        return Err(Box::new(oauth_refusal(
+                            resource,
+                            &refusal,
+                            oauth::SCOPE_APPROVALS,
+                            from,
+                        )));
+                    }
                 }
-            );
-            return Err(Box::new((
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                format!("approvals are answered with the operator's token ({OPERATOR_TOKEN_ENV}), not a client's\n"),
-            )
-                .into_response()));
+                (None, None) => {
+                    return Err(Box::new((
+                        StatusCode::FORBIDDEN,
+                        format!("this server answers approvals over HTTP only with an operator's token: start it with {OPERATOR_TOKEN_ENV} set, or answer on its machine with `cordis approvals`\n"),
+                    )
+                        .into_response()));
+                }
+                (None, Some(_)) => {
+                    tracing::warn!(
+                        request = from,
+                        "refused an approvals request with {} (401)",
+                        if presented.is_some() {
+                            "a token that is not the operator's"
+                        } else {
+                            "no bearer token"
+                        }
+                    );
+                    return Err(Box::new((
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        format!("approvals are answered with the operator's token ({OPERATOR_TOKEN_ENV}), not a client's\n"),
+                    )
+                        .into_response()));
+                }
+            }
         }
         self.hub.operator().ok_or_else(|| {
             Box::new(
@@ -66,7 +86,7 @@ impl Approvals {
 
 /// `GET /approvals`: `{"pending": [...]}`, oldest first.
 pub(super) async fn list(State(a): State<Arc<Approvals>>, headers: HeaderMap) -> Response {
-    match a.operator(&headers) {
+    match a.operator(&headers, &format!("GET {APPROVALS_PATH}")).await {
         Ok(operator) => json(&serde_json::json!({ "pending": operator.list() })),
         Err(refused) => *refused,
     }
@@ -78,7 +98,10 @@ pub(super) async fn answer(
     Path((id, decision)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let operator = match a.operator(&headers) {
+    let operator = match a
+        .operator(&headers, &format!("POST {APPROVALS_PATH}/<id>/<decision>"))
+        .await
+    {
         Ok(operator) => operator,
         Err(refused) => return *refused,
     };

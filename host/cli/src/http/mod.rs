@@ -9,6 +9,8 @@
 //!   `CORDIS_HTTP_TOKEN` (one, or several separated by commas: one per client, whose
 //!   2026-07-28 sessions are then theirs alone), else one generated at start into a `0600`
 //!   file in the state directory whose path is logged;
+//!   or, with `--auth oauth`, an authorization server's access tokens ([`oauth`]: the
+//!   metadata, the challenges, and a scope per route);
 //! - a loopback bind by default; a non-loopback bind only with an operator's token;
 //! - `Origin` is validated (DNS-rebinding protection; `403` otherwise) and, on loopback,
 //!   so is `Host` (loopback names, plus each `--allow-host` for a proxy that passes the
@@ -44,6 +46,7 @@ use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolLi
 
 mod approvals;
 pub mod connections;
+pub mod oauth;
 pub mod sessions;
 
 /// The environment variable an operator's bearer token comes from.
@@ -89,6 +92,8 @@ pub struct HttpOptions {
     pub max_sessions: usize,
     /// The bounds of the connections.
     pub bounds: Bounds,
+    /// OAuth resource-server mode (`--auth oauth`) instead of bearer tokens of our own.
+    pub oauth: Option<oauth::OAuthOptions>,
 }
 
 /// Serves MCP over HTTP until `shutdown` resolves; the calls in flight then run until its
@@ -101,42 +106,28 @@ pub async fn serve_http(
     shutdown: impl Shutdown,
 ) -> anyhow::Result<()> {
     let loopback = options.addr.ip().is_loopback();
-    let tokens = match &options.token {
-        Some(tokens) => {
-            let tokens: Vec<String> = tokens
-                .split(',')
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(String::from)
-                .collect();
-            if tokens.is_empty() {
-                check_token("")?;
-            }
-            for token in &tokens {
-                check_token(token)?;
-            }
-            tokens
-        }
-        None if !loopback => anyhow::bail!(
-            "refusing to listen on {} without a bearer token: a non-loopback address is reachable from other machines; set {TOKEN_ENV} to a secret of at least 16 characters, or listen on 127.0.0.1 behind a reverse proxy",
-            options.addr
+    let auth = match (&options.oauth, &options.token) {
+        (Some(_), Some(_)) => anyhow::bail!(
+            "{TOKEN_ENV} is set, but --auth oauth accepts only the issuer's access tokens: unset {TOKEN_ENV}, or drop --auth oauth"
         ),
-        None => {
-            let (token, file) = generate_token(&options.state_dir)?;
-            tracing::info!(
-                "generated a bearer token for this run into {} (mode 0600); clients send `Authorization: Bearer <token>`; set {TOKEN_ENV} to choose it",
-                file.display()
-            );
-            vec![token]
+        (Some(o), None) => {
+            let o = o.clone();
+            let resource = tokio::task::spawn_blocking(move || oauth::Resource::start(o))
+                .await
+                .context("the OAuth set-up failed")??;
+            Auth::OAuth(Arc::new(resource))
         }
+        (None, _) => Auth::Tokens(client_tokens(&options)?),
     };
     let operator_token = match &options.operator_token {
         Some(t) => {
             check_token(t).map_err(|e| anyhow::anyhow!("{OPERATOR_TOKEN_ENV}: {e}"))?;
-            if tokens.iter().any(|c| c == t) {
-                anyhow::bail!(
-                    "{OPERATOR_TOKEN_ENV} is also a client's token ({TOKEN_ENV}): a client could then approve its own escalations; choose another secret"
-                );
+            if let Auth::Tokens(tokens) = &auth {
+                if tokens.iter().any(|c| c == t) {
+                    anyhow::bail!(
+                        "{OPERATOR_TOKEN_ENV} is also a client's token ({TOKEN_ENV}): a client could then approve its own escalations; choose another secret"
+                    );
+                }
             }
             Some(t.clone())
         }
@@ -196,7 +187,16 @@ pub async fn serve_http(
         Arc::new(sessions),
         config,
     );
-    let bearer = Arc::new(Bearer(tokens));
+    let auth = Arc::new(auth);
+    let guard = |scope| {
+        axum::middleware::from_fn_with_state(
+            Arc::new(Guard {
+                auth: auth.clone(),
+                scope,
+            }),
+            require_token,
+        )
+    };
     let mcp_routes = axum::Router::new()
         .nest_service(MCP_PATH, service)
         .layer(axum::middleware::from_fn_with_state(
@@ -206,15 +206,16 @@ pub async fn serve_http(
             }),
             session_gate,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            bearer.clone(),
-            require_token,
-        ));
+        .layer(guard(oauth::SCOPE_TOOLS));
     // Health and readiness answer anyone and say nothing else; the metrics take the token.
     let metrics_routes = axum::Router::new()
         .route(METRICS_PATH, axum::routing::get(metrics))
         .with_state(hub.clone())
-        .layer(axum::middleware::from_fn_with_state(bearer, require_token));
+        .layer(guard(oauth::SCOPE_METRICS));
+    let resource = match &*auth {
+        Auth::OAuth(resource) => Some(resource.clone()),
+        Auth::Tokens(_) => None,
+    };
     let approval_routes = axum::Router::new()
         .route(APPROVALS_PATH, axum::routing::get(approvals::list))
         .route(
@@ -224,14 +225,29 @@ pub async fn serve_http(
         .with_state(Arc::new(approvals::Approvals {
             hub: hub.clone(),
             token: operator_token,
+            oauth: resource.clone(),
         }));
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
         .route(HEALTH_PATH, axum::routing::get(|| async { "ok\n" }))
         .route(READY_PATH, axum::routing::get(ready))
         .with_state(hub.clone())
         .merge(metrics_routes)
         .merge(approval_routes)
         .merge(mcp_routes);
+    // The metadata a client discovers the authorization server by: public, like the
+    // issuer's own.
+    if let Some(resource) = resource {
+        let document = format!("{}\n", resource.metadata());
+        for path in resource.metadata_paths() {
+            let document = document.clone();
+            app = app.route(
+                &path,
+                axum::routing::get(move || async move {
+                    ([(header::CONTENT_TYPE, "application/json")], document)
+                }),
+            );
+        }
+    }
 
     let forward = hub.forward_tool_changes(&notifier);
     let stop_accepting = CancellationToken::new();
@@ -298,58 +314,159 @@ async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
         .into_response()
 }
 
-/// The bearer tokens accepted (one per client, or one for all).
-struct Bearer(Vec<String>);
+/// How requests authenticate.
+enum Auth {
+    /// Bearer tokens of our own (one per client, or one for all).
+    Tokens(Vec<String>),
+    /// An authorization server's access tokens.
+    OAuth(Arc<oauth::Resource>),
+}
 
-/// Lets a request through only with the right bearer token.
+/// What a group of routes requires.
+struct Guard {
+    auth: Arc<Auth>,
+    /// The OAuth scope a token needs here (our own tokens may do everything a client may).
+    scope: &'static str,
+}
+
+/// The client tokens of `CORDIS_HTTP_TOKEN`, or one generated into the state directory.
+fn client_tokens(options: &HttpOptions) -> anyhow::Result<Vec<String>> {
+    match &options.token {
+        Some(tokens) => {
+            let tokens: Vec<String> = tokens
+                .split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(String::from)
+                .collect();
+            if tokens.is_empty() {
+                check_token("")?;
+            }
+            for token in &tokens {
+                check_token(token)?;
+            }
+            Ok(tokens)
+        }
+        None if !options.addr.ip().is_loopback() => anyhow::bail!(
+            "refusing to listen on {} without a bearer token: a non-loopback address is reachable from other machines; set {TOKEN_ENV} to a secret of at least 16 characters, run as an OAuth resource server (--auth oauth), or listen on 127.0.0.1 behind a reverse proxy",
+            options.addr
+        ),
+        None => {
+            let (token, file) = generate_token(&options.state_dir)?;
+            tracing::info!(
+                "generated a bearer token for this run into {} (mode 0600); clients send `Authorization: Bearer <token>`; set {TOKEN_ENV} to choose it",
+                file.display()
+            );
+            Ok(vec![token])
+        }
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`.
+pub(super) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// Lets a request through only with a valid token: one of ours, or an access token of the
+/// issuer with the route's scope.
 async fn require_token(
-    State(expected): State<Arc<Bearer>>,
+    State(guard): State<Arc<Guard>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
     next: Next,
 ) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Every token is compared, so the time taken does not tell which one nearly matched.
-    let matched = presented.and_then(|token| {
-        expected.0.iter().enumerate().fold(None, |found, (i, t)| {
-            let same = bool::from(token.as_bytes().ct_eq(t.as_bytes()));
-            found.or(same.then_some(i))
-        })
-    });
-    let presented = presented.is_some();
-    let mut request = request;
-    match matched {
-        Some(i) => {
-            if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
-                connection.prove();
-            }
-            request.extensions_mut().insert(Principal(i));
-            next.run(request).await
-        }
-        None => {
-            tracing::warn!(
-                %peer,
-                method = %request.method(),
-                "refused an HTTP request with {} (401)",
-                if presented {
-                    "a wrong bearer token"
-                } else {
-                    "no bearer token"
+    let presented = bearer(request.headers());
+    let principal = match &*guard.auth {
+        Auth::Tokens(expected) => {
+            // Every token is compared, so the time taken does not tell which one nearly
+            // matched.
+            let matched = presented.and_then(|token| {
+                expected.iter().enumerate().fold(None, |found, (i, t)| {
+                    let same = bool::from(token.as_bytes().ct_eq(t.as_bytes()));
+                    found.or(same.then_some(i))
+                })
+            });
+            match matched {
+                Some(i) => Principal::token(i),
+                None => {
+                    tracing::warn!(
+                        %peer,
+                        method = %request.method(),
+                        "refused an HTTP request with {} (401)",
+                        if presented.is_some() {
+                            "a wrong bearer token"
+                        } else {
+                            "no bearer token"
+                        }
+                    );
+                    // The connection closes with the answer: holding one takes a token.
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer"), (header::CONNECTION, "close")],
+                        format!("a bearer token is required: send `Authorization: Bearer <token>` with the server's token ({TOKEN_ENV}, or the token file it logged at start)\n"),
+                    )
+                        .into_response();
                 }
-            );
-            // The connection closes with the answer: holding one takes a token.
-            (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer"), (header::CONNECTION, "close")],
-                format!("a bearer token is required: send `Authorization: Bearer <token>` with the server's token ({TOKEN_ENV}, or the token file it logged at start)\n"),
-            )
-                .into_response()
+            }
         }
+        Auth::OAuth(resource) => match resource.authorize(presented, guard.scope).await {
+            Ok(claims) => Principal::subject(&claims.subject),
+            Err(refusal) => {
+                let from = format!("{peer} {} {}", request.method(), request.uri().path());
+                return oauth_refusal(resource, &refusal, guard.scope, &from);
+            }
+        },
+    };
+    let mut request = request;
+    if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
+        connection.prove();
     }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+/// The answer to a request `resource` refused: `401` with the challenge that names the
+/// metadata, or `403` naming the scope needed.
+pub(super) fn oauth_refusal(
+    resource: &oauth::Resource,
+    refusal: &oauth::Refusal,
+    scope: &str,
+    from: &str,
+) -> Response {
+    let (status, why) = match refusal {
+        oauth::Refusal::Missing => (StatusCode::UNAUTHORIZED, "no bearer token".to_string()),
+        oauth::Refusal::Invalid(why) => (StatusCode::UNAUTHORIZED, why.clone()),
+        oauth::Refusal::Scope(needed) => (
+            StatusCode::FORBIDDEN,
+            format!("a token without the scope {needed}"),
+        ),
+    };
+    tracing::warn!(
+        request = from,
+        "refused an HTTP request with {why} ({})",
+        status.as_u16()
+    );
+    let challenge = resource.challenge(refusal, scope);
+    let body = match refusal {
+        oauth::Refusal::Missing => "an access token is required: send `Authorization: Bearer <token>` with a token of this server's authorization server (see WWW-Authenticate's resource_metadata)\n".to_string(),
+        oauth::Refusal::Invalid(why) => format!("the access token is refused: {why}\n"),
+        oauth::Refusal::Scope(needed) => format!("the access token lacks the scope {needed}, which this needs\n"),
+    };
+    let mut response = (status, body).into_response();
+    if let Ok(value) = http::HeaderValue::from_str(&challenge) {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
+    response
 }
 
 /// What decides whether a session may start.

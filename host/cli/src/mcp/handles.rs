@@ -28,10 +28,20 @@ pub const HANDLE_META: &str = "cordis/session";
 /// The header a client may name its session by instead (for a proxy to route on).
 pub const HANDLE_HEADER: &str = "cordis-session";
 
-/// The bearer token a request came with (its place in the server's list): whose a
-/// session is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Principal(pub(crate) usize);
+/// Whose a request, and so a session, is: the bearer token it came with (its place in the
+/// server's list), or an access token's subject (`iss` and `sub`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Principal(Arc<str>);
+
+impl Principal {
+    pub(crate) fn token(index: usize) -> Principal {
+        Principal(format!("token {index}").into())
+    }
+
+    pub(crate) fn subject(subject: &str) -> Principal {
+        Principal(format!("subject {subject}").into())
+    }
+}
 
 struct Handle {
     shared: Arc<Shared>,
@@ -113,7 +123,7 @@ pub(crate) fn principal(context: &RequestContext<RoleServer>) -> Option<Principa
         .extensions
         .get::<http::request::Parts>()
         .and_then(|p| p.extensions.get::<Principal>())
-        .copied()
+        .cloned()
 }
 
 /// Says the session's handle in a call's result.
