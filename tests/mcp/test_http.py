@@ -339,6 +339,53 @@ async def test_without_a_token_one_is_generated_into_a_private_file(ws: Workspac
     assert r.status_code == 401
 
 
+async def test_an_answer_sent_while_its_connection_is_gone_is_replayed_on_resume(
+    ws: Workspace, servers: list[HttpServer]
+) -> None:
+    """A proxy or the network may close a POST's response stream while its call runs; the
+    answer must not be lost: the client resumes with `Last-Event-ID` and gets it."""
+    ws.manifest(CONFINED)
+    server = await start(servers, ws)
+    sse = {**AUTH, "Accept": "application/json, text/event-stream"}
+
+    def exchange() -> str:
+        with httpx2.Client(timeout=30) as http:
+            init = http.post(server.url, json=initialize_request(), headers=sse)
+            assert init.status_code == 200, init.text
+            session = {**sse, "Mcp-Session-Id": init.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"}
+            note = http.post(server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+            assert note.status_code == 202, note.text
+            call = {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": "sleep 1; echo answered-while-away"}},
+            }
+            # Read the stream's first event (its id is what a client resumes from), then
+            # drop the connection while the command runs.
+            last_event_id = None
+            with httpx2.Client(timeout=30) as once, once.stream("POST", server.url, json=call, headers=session) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("id:"):
+                        last_event_id = line[3:].strip()
+                        break
+            assert last_event_id, "the call's stream names no event id to resume from"
+            time.sleep(2)  # the answer is sent while no connection is there
+            resumed = []
+            with http.stream("GET", server.url, headers={**session, "Last-Event-ID": last_event_id}) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data:") and '"id":7' in line:
+                        resumed.append(line)
+                        break
+            assert resumed, "the resumed stream ended without the call's answer"
+            return resumed[0]
+
+    answer = await asyncio.to_thread(exchange)
+    assert "answered-while-away" in answer, answer
+
+
 async def test_a_forged_origin_is_refused(ws: Workspace, servers: list[HttpServer]) -> None:
     ws.manifest(CONFINED)
     server = await start(servers, ws, "--allow-origin", "https://agent.example.com")
