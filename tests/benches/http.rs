@@ -399,6 +399,56 @@ fn report(what: &str, outcome: Outcome, baselines: &[(&str, f64)]) -> f64 {
 }
 
 /// `cargo bench -p cordis-e2e --bench http [-- reads|shell]`: the named parts, or both.
+/// What `--auth oauth` adds to a request: a token's signature is checked the first time it
+/// is seen (ES256, the key of `tests/keys`), then the token is remembered until it expires.
+fn oauth_cost(http_p50: f64) {
+    use cordis_cli::http::oauth::{OAuthOptions, Resource, SCOPE_TOOLS};
+    let resource = std::sync::Arc::new(
+        Resource::from_jwks(
+            OAuthOptions {
+                issuer: "https://as.example".into(),
+                audience: "https://mcp.example/mcp".into(),
+                jwks: None,
+            },
+            include_str!("../keys/jwks.json"),
+        )
+        .expect("the test JWKS"),
+    );
+    let key = jsonwebtoken::EncodingKey::from_ec_der(include_bytes!("../keys/es256.pk8.der"));
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("test-es256".into());
+    let exp = jsonwebtoken::get_current_timestamp() + 3600;
+    let tokens: Vec<String> = (0..500)
+        .map(|n| {
+            let claims = serde_json::json!({
+                "iss": "https://as.example", "sub": format!("client-{n}"),
+                "aud": "https://mcp.example/mcp", "exp": exp, "scope": SCOPE_TOOLS,
+            });
+            jsonwebtoken::encode(&header, &claims, &key).expect("sign")
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let per_token = |tokens: &[String]| {
+        let timed = Instant::now();
+        for token in tokens {
+            rt.block_on(resource.authorize(Some(token), SCOPE_TOOLS))
+                .expect("a valid token");
+        }
+        timed.elapsed().as_nanos() as f64 / tokens.len() as f64
+    };
+    let first = per_token(&tokens);
+    let again = per_token(&tokens);
+    println!(
+        "oauth: a token seen first costs {} to verify ({:.3}% of the HTTP read p50), a remembered one {} ({:.3}%; target under 5%)",
+        human(first),
+        first / http_p50 * 100.0,
+        human(again),
+        again / http_p50 * 100.0,
+    );
+}
+
 fn main() {
     let wanted: Vec<String> = std::env::args()
         .skip(1)
@@ -515,6 +565,52 @@ fn reads() {
         per_call / http_p50 * 100.0,
         human(http_p50)
     );
+    // What traces add to each request: nothing but a load while no OTLP endpoint is set;
+    // with one, a span with the MCP attributes, ended into the exporter's batch (exported
+    // on its own thread, here to a port nobody listens on).
+    let meta = serde_json::Map::new();
+    let span = || {
+        cordis_cli::traces::start(cordis_cli::traces::Request {
+            method: "tools/call",
+            tool: Some("read"),
+            meta: &meta,
+            id: &7,
+            session: Some("0b9e5c1d-6a3f-4e2b-9c8d-7f1a2b3c4d5e"),
+            protocol: Some("2025-11-25".into()),
+        })
+        .finish(None, None);
+    };
+    let spans = 200_000u32;
+    let timed = std::time::Instant::now();
+    for _ in 0..spans {
+        span();
+    }
+    let off = timed.elapsed().as_nanos() as f64 / f64::from(spans);
+    let _traces = cordis_cli::traces::export_to("http://127.0.0.1:9", "tcp").expect("traces");
+    // Rounds smaller than the batch queue (2,048 spans), so none is dropped unrecorded,
+    // with time between for the exporter to empty it; the median round.
+    let mut rounds: Vec<f64> = (0..7)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(300));
+            let on_spans = 1_500u32;
+            let timed = std::time::Instant::now();
+            for _ in 0..on_spans {
+                span();
+            }
+            timed.elapsed().as_nanos() as f64 / f64::from(on_spans)
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    let on = rounds[rounds.len() / 2];
+    println!(
+        "traces: a request's span costs {} with no endpoint ({:.3}% of the HTTP read p50) and {} exporting ({:.3}%; target under 5%)",
+        human(off),
+        off / http_p50 * 100.0,
+        human(on),
+        on / http_p50 * 100.0,
+    );
+    drop(_traces);
+    oauth_cost(http_p50);
     let baselines = [
         ("stdio, one client", stdio_p50),
         ("HTTP, one client", http_p50),

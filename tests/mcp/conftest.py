@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +172,37 @@ async def eventually(what: str, timeout: float, probe: Callable[[], object]) -> 
 
 async def started(token: str) -> None:
     await eventually("the command and its five sleeps started", 30, lambda: len(processes_with(token)) >= 5)
+
+
+# An HTTP answer: status, content type, body.
+Answer = tuple[int, str, bytes]
+
+
+class LoopbackHttp:
+    """An HTTP server on 127.0.0.1 in a thread of its own (a test's OAuth issuer, its OTLP
+    receiver): `answer(method, path, body)` answers every request."""
+
+    def __init__(self, answer: Callable[[str, str, bytes], Answer]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                status, content_type, data = answer(self.command, self.path, body)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = _answer  # noqa: N815
+            do_POST = _answer  # noqa: N815
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -13,16 +13,14 @@ import hmac
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-from conftest import CONFINED, Workspace, eventually, required_env, show, text
+from conftest import CONFINED, Answer, LoopbackHttp, Workspace, eventually, required_env, show, text
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from test_http import connect, post, servers, start  # noqa: F401  (`servers` is a fixture)
@@ -49,32 +47,18 @@ class Issuer:
         self.ec = ec.generate_private_key(ec.SECP256R1())
         self.published: list[dict[str, Any]] = [self.rsa_jwk(self.rsa, "rsa-1"), self.ec_jwk(self.ec, "ec-1")]
         self.fetches = 0
-        issuer = self
+        self.http = LoopbackHttp(self.answer)
+        self.url = self.http.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                if self.path == "/.well-known/oauth-authorization-server":
-                    body = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/jwks"}
-                elif self.path == "/jwks":
-                    issuer.fetches += 1
-                    body = {"keys": issuer.published}
-                else:
-                    self.send_error(404)
-                    return
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *_args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def answer(self, _method: str, path: str, _body: bytes) -> Answer:
+        if path == "/.well-known/oauth-authorization-server":
+            body: dict[str, Any] = {"issuer": self.url, "jwks_uri": f"{self.url}/jwks"}
+        elif path == "/jwks":
+            self.fetches += 1
+            body = {"keys": self.published}
+        else:
+            return 404, "text/plain", b"not found\n"
+        return 200, "application/json", json.dumps(body).encode()
 
     @staticmethod
     def rsa_jwk(key: rsa.RSAPrivateKey, kid: str) -> dict[str, Any]:
@@ -133,8 +117,7 @@ class Issuer:
         return f"{signing.decode()}.{b64(signature)}"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

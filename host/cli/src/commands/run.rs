@@ -286,6 +286,16 @@ pub(crate) fn run(
     .enable_all()
     .build()
     .context("failed to start the async runtime")?;
+    // Traces, when an OTLP endpoint is configured; the last are sent when this drops.
+    let _traces = match cordis_cli::traces::init(if args.http.is_some() { "tcp" } else { "pipe" }) {
+        Ok(traces) => traces,
+        Err(e) => {
+            stop_publishing();
+            runtime.shutdown();
+            let _ = std::fs::remove_dir_all(&copies_dir);
+            return Err(e);
+        }
+    };
     // The operator channel: approvals a person answers from outside the client.
     let operator = (args.approval_timeout > 0).then(|| {
         cordis_cli::operator::Operator::new(std::time::Duration::from_secs(args.approval_timeout))

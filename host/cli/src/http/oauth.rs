@@ -16,7 +16,7 @@
 //!   may do; a session belongs to its token's subject (`iss` and `sub`).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -42,6 +42,10 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest metadata document or JWKS read.
 const MAX_DOCUMENT: u64 = 1024 * 1024;
+/// How long a verified token is remembered at most (it is never past its `exp`).
+pub const REMEMBER_FOR: Duration = Duration::from_secs(300);
+/// The most verified tokens remembered.
+const REMEMBERED: usize = 4096;
 /// The most keys kept from one JWKS.
 const MAX_KEYS: usize = 64;
 
@@ -100,6 +104,9 @@ pub struct Resource {
     /// When the JWKS was last fetched, behind the lock one refresh at a time takes.
     fetched: tokio::sync::Mutex<Instant>,
     agent: ureq::Agent,
+    /// Tokens verified, with their claims, until they expire or [`REMEMBER_FOR`] passes:
+    /// a client sends the same token with every request, and a signature is checked once.
+    verified: Mutex<HashMap<String, (Claims, Instant)>>,
 }
 
 impl std::fmt::Debug for Resource {
@@ -129,34 +136,22 @@ impl Resource {
                 .jwks
                 .as_deref()
                 .is_none_or(|j| url::Url::parse(j).is_ok_and(|u| is_loopback(&u)));
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(FETCH_TIMEOUT))
-            .https_only(!loopback_only)
-            .max_redirects(3)
-            // A proxy cannot reach this machine's loopback.
-            .proxy(if loopback_only {
-                None
-            } else {
-                ureq::Proxy::try_from_env()
-            })
-            .tls_config(
-                ureq::tls::TlsConfig::builder()
-                    .root_certs(ureq::tls::RootCerts::PlatformVerifier)
-                    .build(),
-            )
-            .build()
-            .new_agent();
+        let agent = crate::outbound::agent(FETCH_TIMEOUT, |config| {
+            config
+                .https_only(!loopback_only)
+                .max_redirects(3)
+                // A proxy cannot reach this machine's loopback.
+                .proxy(if loopback_only {
+                    None
+                } else {
+                    ureq::Proxy::try_from_env()
+                })
+        });
         let jwks_url = match &options.jwks {
             Some(jwks) => checked_url("--oauth-jwks", jwks)?.to_string(),
             None => discover(&agent, &options.issuer, &issuer)?,
         };
-        let metadata_url = {
-            let mut url = audience.clone();
-            url.set_query(None);
-            let path = audience.path().trim_end_matches('/');
-            url.set_path(&format!("{METADATA_PATH}{path}"));
-            url.to_string()
-        };
+        let metadata_url = metadata_url(&audience);
         let resource = Resource {
             options,
             jwks_url,
@@ -169,6 +164,7 @@ impl Resource {
                     .unwrap_or_else(Instant::now),
             ),
             agent,
+            verified: Mutex::new(HashMap::new()),
         };
         let keys = resource.fetch_keys()?;
         tracing::info!(
@@ -182,6 +178,28 @@ impl Resource {
         );
         *resource.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
         Ok(resource)
+    }
+
+    /// A resource server that verifies with the keys of `jwks` (a JWKS document), fetched
+    /// elsewhere: nothing is fetched now, and a key id it does not know is fetched from
+    /// `options.jwks` (when given) as [`Resource::start`]'s would be.
+    pub fn from_jwks(options: OAuthOptions, jwks: &str) -> anyhow::Result<Resource> {
+        checked_url("--oauth-issuer", &options.issuer)?;
+        let audience = checked_url("--oauth-audience", &options.audience)?;
+        let keys = parse_keys(jwks, "the JWKS given")?;
+        Ok(Resource {
+            jwks_url: options.jwks.clone().unwrap_or_default(),
+            metadata_url: metadata_url(&audience),
+            options,
+            keys: RwLock::new(keys),
+            fetched: tokio::sync::Mutex::new(
+                Instant::now()
+                    .checked_sub(REFRESH_EVERY)
+                    .unwrap_or_else(Instant::now),
+            ),
+            agent: ureq::Agent::new_with_defaults(),
+            verified: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The Protected Resource Metadata document.
@@ -242,6 +260,9 @@ impl Resource {
 
     /// The claims of `token` if it is valid here, whatever its scopes.
     pub async fn validate(self: &Arc<Self>, token: &str) -> Result<Claims, Refusal> {
+        if let Some(claims) = self.remembered(token) {
+            return Ok(claims);
+        }
         let header = jsonwebtoken::decode_header(token)
             .map_err(|_| Refusal::Invalid("the bearer token is not a signed JWT".into()))?;
         if matches!(
@@ -283,7 +304,12 @@ impl Resource {
             .filter(|k| k.algorithms.contains(&header.alg))
         {
             match jsonwebtoken::decode::<RawClaims>(token, &key.key, &validation) {
-                Ok(data) => return Ok(data.claims.into_claims()),
+                Ok(data) => {
+                    let expires = data.claims.exp;
+                    let claims = data.claims.into_claims();
+                    self.remember(token, &claims, expires);
+                    return Ok(claims);
+                }
                 Err(e) => {
                     last = Refusal::Invalid(describe(e.kind(), &self.options));
                     if !matches!(e.kind(), ErrorKind::InvalidSignature) {
@@ -293,6 +319,30 @@ impl Resource {
             }
         }
         Err(last)
+    }
+
+    fn remembered(&self, token: &str) -> Option<Claims> {
+        let verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        verified
+            .get(token)
+            .filter(|(_, until)| Instant::now() < *until)
+            .map(|(claims, _)| claims.clone())
+    }
+
+    /// Remembers a token verified now, until `expires` (seconds since the epoch) or
+    /// [`REMEMBER_FOR`], whichever comes first.
+    fn remember(&self, token: &str, claims: &Claims, expires: u64) {
+        let left = expires.saturating_sub(jsonwebtoken::get_current_timestamp());
+        let until = Instant::now() + Duration::from_secs(left).min(REMEMBER_FOR);
+        let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        if verified.len() >= REMEMBERED {
+            let now = Instant::now();
+            verified.retain(|_, (_, until)| now < *until);
+            if verified.len() >= REMEMBERED {
+                verified.clear();
+            }
+        }
+        verified.insert(token.to_string(), (claims.clone(), until));
     }
 
     fn candidates(&self, kid: Option<&str>) -> Vec<Arc<Key>> {
@@ -335,30 +385,40 @@ impl Resource {
                 self.jwks_url
             )
         })?;
-        let set: JwkSet = serde_json::from_str(&body).with_context(|| {
-            format!(
-                "{} is not a JWKS (a JSON object with `keys`)",
-                self.jwks_url
-            )
-        })?;
-        let mut keys = Keys::default();
-        for jwk in set.keys.iter().take(MAX_KEYS) {
-            let Some(key) = usable(jwk) else { continue };
-            match &jwk.common.key_id {
-                Some(kid) => {
-                    keys.by_id.insert(kid.clone(), Arc::new(key));
-                }
-                None => keys.unnamed.push(Arc::new(key)),
-            }
-        }
-        if keys.by_id.is_empty() && keys.unnamed.is_empty() {
-            anyhow::bail!(
-                "the JWKS at {} has no key this server can verify a token with (RSA, P-256, P-384 or Ed25519 signing keys; never a shared secret)",
-                self.jwks_url
-            );
-        }
-        Ok(keys)
+        parse_keys(&body, &self.jwks_url)
     }
+}
+
+/// The usable keys of a JWKS read from `from`.
+fn parse_keys(body: &str, from: &str) -> anyhow::Result<Keys> {
+    let set: JwkSet = serde_json::from_str(body)
+        .with_context(|| format!("{from} is not a JWKS (a JSON object with `keys`)"))?;
+    let mut keys = Keys::default();
+    for jwk in set.keys.iter().take(MAX_KEYS) {
+        let Some(key) = usable(jwk) else { continue };
+        match &jwk.common.key_id {
+            Some(kid) => {
+                keys.by_id.insert(kid.clone(), Arc::new(key));
+            }
+            None => keys.unnamed.push(Arc::new(key)),
+        }
+    }
+    if keys.by_id.is_empty() && keys.unnamed.is_empty() {
+        anyhow::bail!(
+            "the JWKS at {from} has no key this server can verify a token with (RSA, P-256, P-384 or Ed25519 signing keys; never a shared secret)"
+        );
+    }
+    Ok(keys)
+}
+
+/// Where the metadata of the resource `audience` is: the well-known path followed by the
+/// audience's (RFC 9728 §3.1).
+fn metadata_url(audience: &url::Url) -> String {
+    let mut url = audience.clone();
+    url.set_query(None);
+    let path = audience.path().trim_end_matches('/');
+    url.set_path(&format!("{METADATA_PATH}{path}"));
+    url.to_string()
 }
 
 /// The claims read from a token (after its signature and the registered claims are
@@ -371,6 +431,9 @@ struct RawClaims {
     iss: Option<String>,
     #[serde(default)]
     sub: Option<String>,
+    /// Required and checked: a token is remembered until then at most.
+    #[serde(default)]
+    exp: u64,
     #[serde(default)]
     scope: Option<String>,
     /// The list some issuers use instead of `scope`.
@@ -637,5 +700,76 @@ mod tests {
     #[test]
     fn a_description_cannot_break_out_of_its_quotes() {
         assert_eq!(quoted("a \"b\"\\\nc\u{e9}"), "a 'b''?c?");
+    }
+
+    const KEY: &[u8] = include_bytes!("../../../../tests/keys/es256.pk8.der");
+    const JWKS: &str = include_str!("../../../../tests/keys/jwks.json");
+
+    fn resource() -> Arc<Resource> {
+        Arc::new(
+            Resource::from_jwks(
+                OAuthOptions {
+                    issuer: "https://as.example".into(),
+                    audience: "https://mcp.example/mcp".into(),
+                    jwks: None,
+                },
+                JWKS,
+            )
+            .unwrap(),
+        )
+    }
+
+    fn token(exp_in: i64) -> String {
+        let now = jsonwebtoken::get_current_timestamp() as i64;
+        let mut header = jsonwebtoken::Header::new(Algorithm::ES256);
+        header.kid = Some("test-es256".into());
+        let claims = serde_json::json!({
+            "iss": "https://as.example", "sub": "alice", "aud": "https://mcp.example/mcp",
+            "exp": now + exp_in, "scope": "cordis:tools"
+        });
+        jsonwebtoken::encode(
+            &header,
+            &claims,
+            &jsonwebtoken::EncodingKey::from_ec_der(KEY),
+        )
+        .unwrap()
+    }
+
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_verified_token_is_remembered_until_it_expires_and_a_forged_one_never() {
+        let resource = resource();
+        let good = token(600);
+        let claims = block_on(resource.authorize(Some(&good), SCOPE_TOOLS)).unwrap();
+        assert_eq!(claims.subject, "https://as.example alice");
+        assert_eq!(resource.remembered(&good), Some(claims.clone()));
+        // Remembered at most REMEMBER_FOR, never past `exp`.
+        let until = resource.verified.lock().unwrap()[&good].1;
+        assert!(until <= Instant::now() + REMEMBER_FOR);
+        let soon = token(2);
+        block_on(resource.validate(&soon)).unwrap();
+        let until = resource.verified.lock().unwrap()[&soon].1;
+        assert!(until <= Instant::now() + Duration::from_secs(2));
+        // The same claims with another signature: refused, and not remembered.
+        let (signed, signature) = good.rsplit_once('.').unwrap();
+        let flipped = if signature.starts_with('A') { "B" } else { "A" };
+        let forged = format!("{signed}.{flipped}{}", &signature[1..]);
+        assert!(matches!(
+            block_on(resource.validate(&forged)),
+            Err(Refusal::Invalid(_))
+        ));
+        assert_eq!(resource.remembered(&forged), None);
+        // A remembered token still needs the scope of what it asks.
+        assert_eq!(
+            block_on(resource.authorize(Some(&good), SCOPE_APPROVALS)),
+            Err(Refusal::Scope(SCOPE_APPROVALS))
+        );
     }
 }

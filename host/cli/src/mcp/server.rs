@@ -242,6 +242,14 @@ pub(super) fn as_tool(info: cordis_engine::ToolInfo) -> Tool {
     tool
 }
 
+/// Ends a request's span with its outcome.
+fn finish_span<T>(span: crate::traces::Operation, result: &Result<T, ErrorData>) {
+    match result {
+        Ok(_) => span.finish(None, None),
+        Err(e) => span.finish(Some(&e.code.0.to_string()), Some(e.code.0)),
+    }
+}
+
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
         let mut info = InitializeResult::new(
@@ -263,11 +271,15 @@ impl ServerHandler for McpServer {
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
+        let span = self.span("initialize", None, &context);
         context.peer.set_peer_info(request.clone());
-        let result = self.negotiate_initialize(&request)?;
-        self.mark_shown(result.instructions.as_deref());
-        let _ = self.shared.peer.set(context.peer.clone());
-        Ok(result)
+        let result = self.negotiate_initialize(&request);
+        if let Ok(result) = &result {
+            self.mark_shown(result.instructions.as_deref());
+            let _ = self.shared.peer.set(context.peer.clone());
+        }
+        finish_span(span, &result);
+        result
     }
 
     async fn discover(
@@ -308,9 +320,11 @@ impl ServerHandler for McpServer {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        let span = self.span("tools/list", None, &context);
         let tools = self.runtime().tools().into_iter().map(as_tool).collect();
+        span.finish(None, None);
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -320,9 +334,10 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let timer = crate::metrics::metrics().call(&request.name);
+        let span = self.span("tools/call", Some(&request.name), &context);
         let response = self.answer_call(request, context).await;
         let code;
-        timer.finish(match &response {
+        let error = match &response {
             Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
                 Some(crate::metrics::TOOL_ERROR)
             }
@@ -331,7 +346,9 @@ impl ServerHandler for McpServer {
                 code = e.code.0.to_string();
                 Some(code.as_str())
             }
-        });
+        };
+        timer.finish(error);
+        span.finish(error, response.as_ref().err().map(|e| e.code.0));
         response
     }
 
@@ -354,6 +371,27 @@ impl ServerHandler for McpServer {
 }
 
 impl McpServer {
+    /// The trace span of a request ([`crate::traces`]; nothing when traces are off).
+    fn span(
+        &self,
+        method: &'static str,
+        tool: Option<&str>,
+        context: &RequestContext<RoleServer>,
+    ) -> crate::traces::Operation {
+        crate::traces::start(crate::traces::Request {
+            method,
+            tool,
+            meta: &context.meta.0 .0,
+            id: &context.id,
+            session: self.shared.mcp_session.get().map(String::as_str),
+            protocol: context
+                .meta
+                .protocol_version()
+                .or_else(|| context.peer.peer_info().map(|i| i.protocol_version.clone()))
+                .map(|v| v.to_string()),
+        })
+    }
+
     /// A `tools/call` request, answered.
     async fn answer_call(
         &self,
