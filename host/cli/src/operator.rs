@@ -326,13 +326,19 @@ impl Control {
 
     /// Answers requests for `operator` until dropped (a task of the current runtime).
     pub fn serve(self, operator: Arc<Operator>) -> anyhow::Result<ControlTask> {
-        let listener = tokio::net::UnixListener::from_std(self.listener.try_clone()?)
+        let listener = tokio::net::UnixListener::from_std(self.listener)
             .context("cannot serve the approvals socket")?;
-        let key = Arc::new(self.key.clone());
+        let key: Arc<str> = self.key.into();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors, say: wait rather than spin.
+                        tracing::debug!("approvals socket: accepting failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
                 };
                 let (operator, key) = (operator.clone(), key.clone());
                 tokio::spawn(async move {
@@ -344,7 +350,7 @@ impl Control {
         });
         Ok(ControlTask {
             task,
-            files: self.files.clone(),
+            files: self.files,
         })
     }
 }

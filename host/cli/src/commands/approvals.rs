@@ -90,17 +90,14 @@ fn answer(state_dir: &Path, id: String, approve: bool) -> anyhow::Result<ExitCod
         );
     }
     let run_dir = status::run_dir(state_dir, pid);
-    let reply = if approve {
-        ask_host(&run_dir, |key| Request::Approve {
-            key,
-            id: id.clone(),
-        })
-    } else {
-        ask_host(&run_dir, |key| Request::Deny {
-            key,
-            id: id.clone(),
-        })
-    }?;
+    let reply = ask_host(&run_dir, |key| {
+        let id = id.clone();
+        if approve {
+            Request::Approve { key, id }
+        } else {
+            Request::Deny { key, id }
+        }
+    })?;
     if let Some(e) = reply.error {
         anyhow::bail!("{e}");
     }

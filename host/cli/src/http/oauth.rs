@@ -151,12 +151,31 @@ impl Resource {
             Some(jwks) => checked_url("--oauth-jwks", jwks)?.to_string(),
             None => discover(&agent, &options.issuer, &issuer)?,
         };
-        let metadata_url = metadata_url(&audience);
-        let resource = Resource {
+        let keys = fetch_keys(&agent, &jwks_url)?;
+        let resource = Resource::new(options, &audience, jwks_url, keys, agent);
+        tracing::info!(
+            issuer = %resource.options.issuer,
+            audience = %resource.options.audience,
+            jwks = %resource.jwks_url,
+            "accepting OAuth access tokens from {} for {}",
+            resource.options.issuer,
+            resource.options.audience
+        );
+        Ok(resource)
+    }
+
+    fn new(
+        options: OAuthOptions,
+        audience: &url::Url,
+        jwks_url: String,
+        keys: Keys,
+        agent: ureq::Agent,
+    ) -> Resource {
+        Resource {
             options,
             jwks_url,
-            metadata_url,
-            keys: RwLock::new(Keys::default()),
+            metadata_url: metadata_url(audience),
+            keys: RwLock::new(keys),
             // The first unknown key id may fetch at once: a key rotated in just after start.
             fetched: tokio::sync::Mutex::new(
                 Instant::now()
@@ -165,19 +184,7 @@ impl Resource {
             ),
             agent,
             verified: Mutex::new(HashMap::new()),
-        };
-        let keys = resource.fetch_keys()?;
-        tracing::info!(
-            issuer = %resource.options.issuer,
-            audience = %resource.options.audience,
-            jwks = %resource.jwks_url,
-            keys = keys.by_id.len() + keys.unnamed.len(),
-            "accepting OAuth access tokens from {} for {}",
-            resource.options.issuer,
-            resource.options.audience
-        );
-        *resource.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
-        Ok(resource)
+        }
     }
 
     /// A resource server that verifies with the keys of `jwks` (a JWKS document), fetched
@@ -187,19 +194,9 @@ impl Resource {
         checked_url("--oauth-issuer", &options.issuer)?;
         let audience = checked_url("--oauth-audience", &options.audience)?;
         let keys = parse_keys(jwks, "the JWKS given")?;
-        Ok(Resource {
-            jwks_url: options.jwks.clone().unwrap_or_default(),
-            metadata_url: metadata_url(&audience),
-            options,
-            keys: RwLock::new(keys),
-            fetched: tokio::sync::Mutex::new(
-                Instant::now()
-                    .checked_sub(REFRESH_EVERY)
-                    .unwrap_or_else(Instant::now),
-            ),
-            agent: ureq::Agent::new_with_defaults(),
-            verified: Mutex::new(HashMap::new()),
-        })
+        let jwks_url = options.jwks.clone().unwrap_or_default();
+        let agent = crate::outbound::agent(FETCH_TIMEOUT, |config| config);
+        Ok(Resource::new(options, &audience, jwks_url, keys, agent))
     }
 
     /// The Protected Resource Metadata document.
@@ -379,14 +376,15 @@ impl Resource {
 
     /// The usable keys of the JWKS, fetched now.
     fn fetch_keys(&self) -> anyhow::Result<Keys> {
-        let body = fetch(&self.agent, &self.jwks_url).with_context(|| {
-            format!(
-                "cannot fetch the issuer's keys (JWKS) from {}",
-                self.jwks_url
-            )
-        })?;
-        parse_keys(&body, &self.jwks_url)
+        fetch_keys(&self.agent, &self.jwks_url)
     }
+}
+
+/// The usable keys of the JWKS at `url`, fetched now.
+fn fetch_keys(agent: &ureq::Agent, url: &str) -> anyhow::Result<Keys> {
+    let body = fetch(agent, url)
+        .with_context(|| format!("cannot fetch the issuer's keys (JWKS) from {url}"))?;
+    parse_keys(&body, url)
 }
 
 /// The usable keys of a JWKS read from `from`.
