@@ -156,6 +156,13 @@ async def test_over_http_only_the_operators_token_lists_and_answers(
     base = server.url.rsplit("/mcp", 1)[0]
     operator = {"Authorization": f"Bearer {OPERATOR}"}
     async with connect(server.url) as s:
+        # The token is in the server's environment; a command cannot read it there (through
+        # any process's `/proc/PID/environ`), nor inherit it.
+        leak = await s.call_tool(
+            "bash", {"command": "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c OPERATOR_TOKEN; env | grep -c OPERATOR_TOKEN; echo scanned"}
+        )
+        assert "scanned" in text(leak) and OPERATOR not in text(leak), show(leak)
+        assert text(leak).split()[:2] == ["0", "0"], show(leak)
         call = asyncio.create_task(s.call_tool("write", {"path": str(victim), "content": "http\n", **ESCALATE}))
         await eventually("an approval waits", 30, lambda: httpx2.get(f"{base}/approvals", headers=operator).json()["pending"])
         (pending,) = httpx2.get(f"{base}/approvals", headers=operator).json()["pending"]
