@@ -781,3 +781,95 @@ fn the_model_context_follows_a_mode_switch_from_another_process_and_a_reload() {
         .contains("policy: workspace-write"));
     rt.shutdown();
 }
+
+/// A session's resolved policy is reused from call to call, and each change it depends on
+/// takes effect on the very next call: a reload that changes the policy's config, a reload
+/// that protects a new path without touching the policy's entry (it adds another entry
+/// whose library lies in the workspace), and a mode switch by `cordis session set-mode`
+/// from another process.
+#[test]
+fn the_resolved_policy_follows_a_reload_a_newly_protected_path_and_a_mode_switch() {
+    let s = cordis_e2e::Scratch::new();
+    let policy = |protected: &str| {
+        format!(
+            "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    protectedPaths: [{protected}]\n\
+             - name: dsh-fs-sandbox\n- name: dsh-tool-fs\n"
+        )
+    };
+    s.manifest(&policy(""));
+    let rt = s.runtime();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let write = |path: &str| {
+        let r = rt
+            .call_tool(
+                "write",
+                &CallContext {
+                    session: session.clone(),
+                    call_id: cordis_e2e::unique(),
+                    cancel_fd: None,
+                    progress_fd: None,
+                },
+                &serde_json::json!({ "path": path, "content": "x\n" }),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        (!r.is_error, r.text)
+    };
+    let allowed = |path: &str| {
+        let (ok, text) = write(path);
+        assert!(ok, "`{path}` should be writable: {text}");
+        assert!(s.path().join(path).exists(), "{path}");
+    };
+    let refused = |path: &str, why: &str| {
+        let (ok, text) = write(path);
+        assert!(
+            !ok && text.contains(why),
+            "`{path}` should be refused ({why}): {text}"
+        );
+        assert!(!s.path().join(path).exists(), "{path}");
+    };
+    allowed("locked.txt");
+    allowed("a.txt");
+
+    // The policy's own config: its entry restarts, so a new state is read.
+    s.manifest(&policy("'**/locked.txt'"));
+    let report = rt.reload().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        restarted_ids(&report).contains(&"dsh-sandbox-policy"),
+        "{report}"
+    );
+    std::fs::remove_file(s.path().join("locked.txt")).unwrap();
+    refused("locked.txt", "is protected");
+    allowed("vendor/before.txt");
+
+    // A path the composition now defines, the policy's entry untouched: a library loaded
+    // from the workspace is protected, with its directory, from the next call on.
+    std::fs::copy(
+        cordis_e2e::library("dsh-bash-local"),
+        s.path()
+            .join("vendor")
+            .join(cordis_engine::library_file_name("dsh-bash-local")),
+    )
+    .unwrap();
+    let lib = format!(
+        "vendor/{}",
+        cordis_engine::library_file_name("dsh-bash-local")
+    );
+    s.manifest(&format!(
+        "{}- name: dsh-bash-local\n  path: {lib}\n",
+        policy("'**/locked.txt'")
+    ));
+    let report = rt.reload().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.added, ["dsh-bash-local"], "{report}");
+    assert!(
+        !restarted_ids(&report).contains(&"dsh-sandbox-policy"),
+        "the policy's entry is not restarted: {report}"
+    );
+    refused("vendor/after.txt", "is protected");
+    allowed("b.txt");
+
+    // The session's log, appended by another process.
+    s.run(&["session", "set-mode", &session.id, "read-only"])
+        .expect_code(0);
+    refused("c.txt", "under read-only mode");
+    rt.shutdown();
+}

@@ -50,7 +50,7 @@ pub use crate::manifest::{
     Node, Value as YamlValue,
 };
 pub use crate::plan::{Plan, Planned, Provider};
-pub use crate::registry::{ApplyError, Registry, ServiceSlot, ToolSlot, UnknownTool};
+pub use crate::registry::{ApplyError, CallStamps, Registry, ServiceSlot, ToolSlot, UnknownTool};
 pub use crate::runtime::{
     Composition, OpenSession, ReloadError, ReloadReport, Runtime, SessionStart, ToolInfo,
 };

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cordis_sdk::host::Composition;
@@ -20,6 +21,9 @@ use crate::manifest::Manifest;
 pub struct Protection {
     state_dir: PathBuf,
     paths: Mutex<BTreeSet<PathBuf>>,
+    /// Bumped by every [`Protection::add`] (every plan, so every reload), after the paths
+    /// are in: whoever reads a stamp and then the paths sees at least that stamp's paths.
+    stamp: AtomicU64,
 }
 
 /// `path` made absolute and canonical as far as it exists (the deepest existing ancestor
@@ -53,6 +57,7 @@ impl Protection {
         Protection {
             paths: Mutex::new(BTreeSet::from([state_dir.clone()])),
             state_dir,
+            stamp: AtomicU64::new(0),
         }
     }
 
@@ -67,6 +72,15 @@ impl Protection {
             }
             set.insert(canonical_lenient(&path));
         }
+        drop(set);
+        self.stamp.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Changes whenever the protected paths may have ([`CurrentCall::composition`]).
+    ///
+    /// [`CurrentCall::composition`]: cordis_sdk::host::CurrentCall::composition
+    pub fn stamp(&self) -> u64 {
+        self.stamp.load(Ordering::SeqCst)
     }
 
     /// Protects what `manifest` (read from `file`) can load: the file itself, every

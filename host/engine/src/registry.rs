@@ -67,6 +67,17 @@ impl ToolSlot {
     /// error result and the tool does not run; a tool's own error becomes an error result
     /// naming its code.
     pub fn call(&self, call: &CallContext, args: &serde_json::Value) -> ToolResult {
+        self.call_stamped(call, args, CallStamps::default())
+    }
+
+    /// [`ToolSlot::call`], telling providers what the host read of the state the call
+    /// depends on as it started (so they can reuse what they derived from it).
+    pub fn call_stamped(
+        &self,
+        call: &CallContext,
+        args: &serde_json::Value,
+        stamps: CallStamps,
+    ) -> ToolResult {
         if let Err(violations) = self.check_args(args) {
             return ToolResult::error(format!(
                 "`{}`: invalid arguments: {violations}. The tool did not run; see its input schema for the expected fields (`cordis tools` shows it). [{}]",
@@ -81,6 +92,8 @@ impl ToolSlot {
             call_id: Some(call.call_id.clone()),
             cancel_fd: call.cancel_fd,
             progress_fd: call.progress_fd,
+            session_seq: stamps.session_seq,
+            composition: stamps.composition,
             ..Default::default()
         }));
         let outcome = self
@@ -104,6 +117,17 @@ impl ToolSlot {
             }
         }
     }
+}
+
+/// What the host read of the state a call depends on as the call started
+/// ([`cordis_sdk::host::CurrentCall::session_seq`] and
+/// [`cordis_sdk::host::CurrentCall::composition`]); `None` where it did not read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallStamps {
+    /// The sequence number of the calling session's last event.
+    pub session_seq: Option<u64>,
+    /// The protected paths' stamp.
+    pub composition: Option<u64>,
 }
 
 /// What plugins told the host's `toolExtras` service: the description of each tool about

@@ -17,7 +17,7 @@ use crate::approval::{ApprovalRouter, Asker};
 use crate::diag::Diagnostics;
 use crate::loader::Library;
 use crate::plan::Plan;
-use crate::registry::{ApplyError, Registry, UnknownTool};
+use crate::registry::{ApplyError, CallStamps, Registry, UnknownTool};
 use crate::sessions::{Origin, SessionError, SessionStore};
 use crate::Host;
 
@@ -414,7 +414,12 @@ impl Runtime {
                 _libraries: c.libraries.clone(),
             }
         };
-        Ok(call_on.value.call(call, args))
+        // Read before the call: what a provider derives afterwards is at least this new.
+        let stamps = CallStamps {
+            session_seq: self.host.sessions().last_seq(&call.session.id).ok(),
+            composition: Some(self.host.services().protection().stamp()),
+        };
+        Ok(call_on.value.call_stamped(call, args, stamps))
     }
 
     /// The model context for a session: every non-empty contribution of a service that

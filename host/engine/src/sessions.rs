@@ -567,10 +567,11 @@ fn replay(path: &Path) -> Result<Log, SessionError> {
 /// and cut off).
 fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(), SessionError> {
     use std::io::{Seek, SeekFrom};
-    let mut file = File::open(path).map_err(io(path))?;
-    if file.metadata().map_err(io(path))?.len() <= state.consumed {
+    // One `stat` when nothing was appended (the common case: asked on every call).
+    if std::fs::metadata(path).map_err(io(path))?.len() <= state.consumed {
         return Ok(());
     }
+    let mut file = File::open(path).map_err(io(path))?;
     file.seek(SeekFrom::Start(state.consumed))
         .map_err(io(path))?;
     let mut reader = BufReader::new(file);

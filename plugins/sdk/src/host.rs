@@ -190,6 +190,17 @@ pub struct CurrentCall {
     /// order granted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approved_modes: Vec<String>,
+    /// The calling session's log as the call started: the sequence number of its last
+    /// event (0 with none), appends from other processes included. Equal numbers for a
+    /// session mean no event was recorded in between, so what a provider derived from the
+    /// log may be reused; `None` when the host did not read it (then derive afresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_seq: Option<u64>,
+    /// The composition as the call started: a number that changes whenever what the
+    /// host's `composition` service answers may have (a reload planned, a path protected).
+    /// `None` when the host did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition: Option<u64>,
 }
 
 crate::interface! {

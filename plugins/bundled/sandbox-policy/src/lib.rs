@@ -3,8 +3,9 @@
 //! log (never in plugin memory, so a reload or restart loses nothing), the registry of
 //! enforcing families, and the model-facing `sandbox:policy` text.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cordis_sdk::host::{
@@ -145,13 +146,16 @@ fn path_rules(key: &str, entries: &[PathBuf]) -> Result<Vec<PathBuf>> {
 /// Refuses a `workspace-write` root that would make the whole file system or the home
 /// directory writable.
 fn check_writable_root(root: &Path, whose: &str) -> Result<()> {
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .and_then(|h| PathBuf::from(h).canonicalize().ok());
+    check_writable_root_at(root, None, whose)
+}
+
+/// [`check_writable_root`], with the root already open as `dir` when the caller has it.
+fn check_writable_root_at(root: &Path, dir: Option<&std::fs::File>, whose: &str) -> Result<()> {
     let swallows = if root == Path::new("/") {
         Some("the whole file system".to_string())
     } else {
-        home.filter(|h| h != root && is_within(h, root))
+        canonical_home()
+            .filter(|h| h != root && is_within(h, root))
             .map(|h| format!("the home directory `{}`", h.display()))
     };
     if let Some(what) = swallows {
@@ -164,7 +168,13 @@ fn check_writable_root(root: &Path, whose: &str) -> Result<()> {
         )
         .with_help("start the session in a project directory (or use `read-only`)"));
     }
-    if let Some(why) = case_folding(root) {
+    let folds = match dir {
+        Some(dir) => case_folding(dir),
+        None => std::fs::File::open(root)
+            .ok()
+            .and_then(|dir| case_folding(&dir)),
+    };
+    if let Some(why) = folds {
         return Err(Error::new(
             codes::SANDBOX_BAD_ROOT,
             format!(
@@ -177,28 +187,31 @@ fn check_writable_root(root: &Path, whose: &str) -> Result<()> {
     Ok(())
 }
 
-/// Why the file system compares names under `root` without case, if it does: by its kind,
-/// or by the directory's case-folding attribute (ext4 and f2fs `+F`).
-fn case_folding(root: &Path) -> Option<&'static str> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
-    // SAFETY: a valid C string and a zeroed out-structure of the right type.
-    let fs_type = unsafe {
-        let mut buf: libc::statfs = std::mem::zeroed();
-        (libc::statfs(path.as_ptr(), &mut buf) == 0).then_some(buf.f_type as i64)
-    };
-    let flags = std::fs::File::open(root).ok().and_then(|dir| {
-        let mut flags: libc::c_long = 0;
-        // SAFETY: FS_IOC_GETFLAGS writes one long through the pointer.
-        let r = unsafe {
-            libc::ioctl(
-                std::os::fd::AsRawFd::as_raw_fd(&dir),
-                libc::FS_IOC_GETFLAGS,
-                &mut flags,
-            )
-        };
-        (r == 0).then_some(flags as u64)
-    });
+/// `$HOME`, canonical (`None` when unset or unresolvable); resolved again only when the
+/// variable changes.
+fn canonical_home() -> Option<PathBuf> {
+    static HOME: Mutex<Option<(std::ffi::OsString, Option<PathBuf>)>> = Mutex::new(None);
+    let raw = std::env::var_os("HOME").filter(|h| !h.is_empty())?;
+    let mut known = HOME.lock().unwrap_or_else(|e| e.into_inner());
+    match &*known {
+        Some((named, canonical)) if *named == raw => canonical.clone(),
+        _ => {
+            let canonical = PathBuf::from(&raw).canonicalize().ok();
+            *known = Some((raw, canonical.clone()));
+            canonical
+        }
+    }
+}
+
+/// Why the file system of directory `dir` compares names without case, if it does: by
+/// its kind, or by the directory's case-folding attribute (ext4 and f2fs `+F`).
+fn case_folding(dir: &std::fs::File) -> Option<&'static str> {
+    // `f_type`'s width differs between targets.
+    #[allow(clippy::unnecessary_cast)]
+    let fs_type = rustix::fs::fstatfs(dir).ok().map(|s| s.f_type as i64);
+    let flags = rustix::fs::ioctl_getflags(dir)
+        .ok()
+        .map(|f| u64::from(f.bits()));
     folds_case(fs_type, flags)
 }
 
@@ -311,6 +324,37 @@ struct Policy {
     limits: Limits,
     confinement: ConfinementTier,
     families: Mutex<Families>,
+    /// What `resolve` read per session, by id (see [`SessionState`]).
+    states: Mutex<HashMap<String, Arc<SessionState>>>,
+    /// Events this plugin appended (mode switches, approved hosts): a call that appends
+    /// and resolves again sees its own event, although the host's stamps are the call's
+    /// start's.
+    appended: AtomicU64,
+}
+
+/// The most sessions whose state is kept; beyond it the cache starts over.
+const MAX_CACHED_STATES: usize = 1024;
+
+/// What `resolve` reads of a session and of the composition, reused by later calls
+/// under the same stamps: no event recorded in the session's log (from any process), no
+/// reload planned or path protected, and no event appended here since. What a call's
+/// policy checks of the file system (the pinned root, the writable root) is checked on
+/// every call, and what the paths match is decided where the policy is enforced.
+struct SessionState {
+    stamps: Stamps,
+    info: cordis_sdk::SessionInfo,
+    standing: SandboxMode,
+    approved_hosts: Vec<String>,
+    protected_paths: Vec<PathBuf>,
+}
+
+/// When a [`SessionState`] was read: the host's [`CurrentCall::session_seq`] and
+/// [`CurrentCall::composition`] of the call, and [`Policy::appended`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamps {
+    seq: u64,
+    composition: u64,
+    appended: u64,
 }
 
 fn session_error(id: &str, e: Error) -> Error {
@@ -322,23 +366,18 @@ fn session_error(id: &str, e: Error) -> Error {
 }
 
 impl Policy {
-    /// The policy of one call rooted at `root` (the directory `root_id`): the fence's extra
-    /// roots, the composition's protected paths (asked fresh: a reload may have added some)
-    /// and the configured ones.
+    /// The policy of one call rooted at `root` (the directory `root_id`, open as `dir` when
+    /// the caller has it) protecting `protected_paths` (see [`Policy::protected_now`]).
     fn policy(
         &self,
         mode: SandboxMode,
-        (root, root_id): (PathBuf, FileId),
+        (root, root_id, dir): (PathBuf, FileId, Option<&std::fs::File>),
         approved_hosts: Vec<String>,
+        protected_paths: Vec<PathBuf>,
     ) -> Result<SandboxExecutionPolicy> {
         if mode == SandboxMode::WorkspaceWrite {
-            check_writable_root(&root, "the workspace root")?;
+            check_writable_root_at(&root, dir, "the workspace root")?;
         }
-        let mut protected_paths = match &self.composition {
-            Some(c) => c.protected_paths(())?,
-            None => Vec::new(),
-        };
-        protected_paths.extend(self.protected_paths.iter().cloned());
         Ok(SandboxExecutionPolicy {
             mode,
             workspace_root: root,
@@ -353,6 +392,65 @@ impl Policy {
             approved_hosts,
             confinement: self.confinement,
         })
+    }
+
+    /// The composition's protected paths, asked fresh (a reload may have added some), and
+    /// the configured ones.
+    fn protected_now(&self) -> Result<Vec<PathBuf>> {
+        let mut protected_paths = match &self.composition {
+            Some(c) => c.protected_paths(())?,
+            None => Vec::new(),
+        };
+        protected_paths.extend(self.protected_paths.iter().cloned());
+        Ok(protected_paths)
+    }
+
+    /// The state of session `id`: the one read under the same `stamps` when there is one,
+    /// else read now (and kept, when the host stamped the call).
+    fn session_state(&self, id: &str, stamps: Option<Stamps>) -> Result<Arc<SessionState>> {
+        let lock = || self.states.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(stamps) = stamps {
+            if let Some(state) = lock().get(id).filter(|s| s.stamps == stamps) {
+                return Ok(state.clone());
+            }
+        }
+        let info = self
+            .sessions
+            .info(id.to_string())
+            .map_err(|e| session_error(id, e))?;
+        // The log is read even when a mode is approved for this call: a forged log is
+        // reported, never silently bypassed.
+        let standing = self.session_mode(id)?.unwrap_or(self.default_mode);
+        let state = Arc::new(SessionState {
+            // Unstamped, it is used once and never kept.
+            stamps: stamps.unwrap_or(Stamps {
+                seq: 0,
+                composition: 0,
+                appended: 0,
+            }),
+            info,
+            standing,
+            approved_hosts: self.approved_hosts(id)?,
+            protected_paths: self.protected_now()?,
+        });
+        if stamps.is_some() {
+            let mut states = lock();
+            if states.len() >= MAX_CACHED_STATES {
+                states.clear();
+            }
+            states.insert(id.to_string(), state.clone());
+        }
+        Ok(state)
+    }
+
+    /// Appends `event` for session `id`; a later `resolve` of this call sees it.
+    fn append(&self, id: &str, event: NewEvent) -> Result<u64> {
+        let seq = self
+            .sessions
+            .append(event)
+            .map_err(|e| session_error(id, e));
+        self.appended.fetch_add(1, Ordering::SeqCst);
+        seq
     }
 
     /// The hosts a person approved for the session (`host:port`), when the allowlist
@@ -419,21 +517,28 @@ impl SandboxPolicy for PolicyHandle {
             let mode = approved_mode(current.as_ref(), args.mode, self.default_mode)?;
             return self.policy(
                 mode.unwrap_or(self.default_mode),
-                (self.workspace_root.clone(), self.workspace_root_id),
+                (self.workspace_root.clone(), self.workspace_root_id, None),
                 Vec::new(),
+                self.protected_now()?,
             );
         };
-        let info = self
-            .sessions
-            .info(id.clone())
-            .map_err(|e| session_error(&id, e))?;
-        // The log is checked even when a mode is approved for this call: a forged log is
-        // reported, never silently bypassed.
-        let standing = self.session_mode(&id)?.unwrap_or(self.default_mode);
-        let mode = approved_mode(current.as_ref(), args.mode, standing)?;
-        let root = pinned_root(&id, &info)?;
-        let approved = self.approved_hosts(&id)?;
-        self.policy(mode.unwrap_or(standing), root, approved)
+        // Read before the state: a state read after them is at least as new.
+        let stamps = current.as_ref().and_then(|call| {
+            Some(Stamps {
+                seq: call.session_seq?,
+                composition: call.composition?,
+                appended: self.appended.load(Ordering::SeqCst),
+            })
+        });
+        let state = self.session_state(&id, stamps)?;
+        let mode = approved_mode(current.as_ref(), args.mode, state.standing)?;
+        let root = pinned_root(&id, &state.info)?;
+        self.policy(
+            mode.unwrap_or(state.standing),
+            (root.path, root.id, Some(&root.dir)),
+            state.approved_hosts.clone(),
+            state.protected_paths.clone(),
+        )
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {
@@ -447,13 +552,14 @@ impl SandboxPolicy for PolicyHandle {
     fn set_sandbox_mode(&self, args: SetModeArgs) -> Result<u64> {
         let current = self.calls.current(())?;
         let id = calling_session(current.as_ref(), Some(args.session))?.unwrap_or_default();
-        self.sessions
-            .append(NewEvent {
+        self.append(
+            &id,
+            NewEvent {
                 session: id.clone(),
                 kind: MODE_EVENT.to_string(),
                 data: serde_json::json!({ "mode": args.mode.as_str() }),
-            })
-            .map_err(|e| session_error(&id, e))
+            },
+        )
     }
 
     fn approve_host(&self, args: ApproveHostArgs) -> Result<u64> {
@@ -493,13 +599,14 @@ impl SandboxPolicy for PolicyHandle {
                 .with_help("ask through the host's `approval` service first, with `mode` set to the grant (`network:HOST:PORT`)"));
             }
         }
-        self.sessions
-            .append(NewEvent {
+        self.append(
+            &id,
+            NewEvent {
                 session: id.clone(),
                 kind: APPROVED_HOST_EVENT.to_string(),
                 data: serde_json::json!({ "host": host.to_string(), "port": args.port }),
-            })
-            .map_err(|e| session_error(&id, e))
+            },
+        )
     }
 
     fn register_enforced_family(&self, family: EnforcedFamily) -> Result<u64> {
@@ -588,11 +695,11 @@ fn approved_mode(
     Ok(Some(mode))
 }
 
-/// The session's root, checked to still be the directory the session was created in: the
-/// recorded path must still resolve to itself (no symlink swapped in) and name the same
-/// directory (device and inode), which every enforcing family checks again where it opens
-/// the root. Fails closed otherwise.
-fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<(PathBuf, FileId)> {
+/// The session's root, checked on every call to still be the directory the session was
+/// created in: the recorded path must still resolve to itself (no symlink swapped in) and
+/// name the same directory (device and inode), which every enforcing family checks again
+/// where it opens the root. Fails closed otherwise.
+fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<PinnedRoot> {
     let moved = |now: String| {
         Error::new(
             codes::SANDBOX_BAD_ROOT,
@@ -604,17 +711,26 @@ fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<(PathBuf, Fil
         )
         .with_help("restore the directory, or start a new session in the directory you mean")
     };
-    let canonical = info
-        .cwd
-        .canonicalize()
-        .map_err(|e| moved(format!("it cannot be resolved: {e}")))?;
-    if canonical != info.cwd {
-        return Err(moved(format!(
-            "it now resolves to `{}`",
-            canonical.display()
-        )));
-    }
-    let meta = std::fs::metadata(&canonical).map_err(|e| moved(e.to_string()))?;
+    // One open that follows no symlink resolves the path to itself exactly when it is
+    // canonical; anything else (a link swapped in, or a kernel without `openat2`) takes
+    // the long way, which also says what the path resolves to now.
+    let dir = match open_no_links(&info.cwd) {
+        Some(dir) => dir,
+        None => {
+            let canonical = info
+                .cwd
+                .canonicalize()
+                .map_err(|e| moved(format!("it cannot be resolved: {e}")))?;
+            if canonical != info.cwd {
+                return Err(moved(format!(
+                    "it now resolves to `{}`",
+                    canonical.display()
+                )));
+            }
+            std::fs::File::open(&canonical).map_err(|e| moved(e.to_string()))?
+        }
+    };
+    let meta = dir.metadata().map_err(|e| moved(e.to_string()))?;
     if !meta.is_dir() {
         return Err(moved("it is not a directory".to_string()));
     }
@@ -624,7 +740,40 @@ fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<(PathBuf, Fil
             return Err(moved("another directory is there now".to_string()));
         }
     }
-    Ok((canonical, found))
+    Ok(PinnedRoot {
+        path: info.cwd.clone(),
+        id: found,
+        dir,
+    })
+}
+
+/// A session's root as [`pinned_root`] checked it, open.
+struct PinnedRoot {
+    path: PathBuf,
+    id: FileId,
+    dir: std::fs::File,
+}
+
+/// `path` opened as a directory when it is absolute, plain (no `.` or `..`) and no
+/// component of it is a symlink; `None` otherwise or where the kernel lacks `openat2`.
+fn open_no_links(path: &Path) -> Option<std::fs::File> {
+    use rustix::fs::{OFlags, ResolveFlags};
+    let plain = path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !plain {
+        return None;
+    }
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .ok()
+    .map(std::fs::File::from)
 }
 
 /// The registry name of the model-context contribution (the seeds' `sandbox:policy`).
@@ -761,14 +910,20 @@ impl Plugin for SandboxPolicyPlugin {
             limits: config.limits,
             confinement: config.confinement,
             families: Mutex::new(Families::default()),
+            states: Mutex::new(HashMap::new()),
+            appended: AtomicU64::new(0),
         };
         let fence = Fence::of(
             &policy
-                .policy(
-                    SandboxMode::WorkspaceWrite,
-                    (workspace_root.clone(), workspace_root_id),
-                    Vec::new(),
-                )
+                .protected_now()
+                .and_then(|protected| {
+                    policy.policy(
+                        SandboxMode::WorkspaceWrite,
+                        (workspace_root.clone(), workspace_root_id, None),
+                        Vec::new(),
+                        protected,
+                    )
+                })
                 .unwrap_or_default(),
         )
         .map_err(|moved| {
@@ -830,6 +985,6 @@ mod tests {
         assert_eq!(folds_case(None, None), None);
         // This machine's own temp directory is case-sensitive: the real call agrees.
         let tmp = std::env::temp_dir().canonicalize().unwrap();
-        assert_eq!(case_folding(&tmp), None);
+        assert_eq!(case_folding(&std::fs::File::open(&tmp).unwrap()), None);
     }
 }

@@ -338,7 +338,12 @@ fn page(mut input: impl Read, size: u64, args: &ReadLines) -> Result<Lines> {
     if let Err((at, evidence)) = line_text(&head, head.len() == SNIFF_BYTES) {
         return Err(binary(path, size, evidence, at as u64));
     }
-    let mut reader = BufReader::with_capacity(64 * 1024, io::Cursor::new(head).chain(input));
+    // Big enough for the whole of a small file (one read and the one that sees its end),
+    // at most 64 KiB for a large one.
+    let capacity = usize::try_from(size.saturating_add(1))
+        .unwrap_or(usize::MAX)
+        .clamp(SNIFF_BYTES, 64 * 1024);
+    let mut reader = BufReader::with_capacity(capacity, io::Cursor::new(head).chain(input));
     let caps = args.caps;
     let line_cap = usize::try_from(caps.max_line_bytes.min(caps.max_bytes)).unwrap_or(usize::MAX);
     let want = args.limit.map_or(caps.max_lines, |l| l.min(caps.max_lines));
@@ -467,11 +472,7 @@ fn line_start(
         }
         let room = cap - line.len();
         // A break right after `room` bytes still ends the line within the cap.
-        if let Some(end) = buf
-            .iter()
-            .take(room.saturating_add(1))
-            .position(|&b| b == b'\n')
-        {
+        if let Some(end) = memchr::memchr(b'\n', &buf[..buf.len().min(room.saturating_add(1))]) {
             line.extend_from_slice(&buf[..end]);
             reader.consume(end + 1);
             return Ok(Some(LineEnd::Break));
@@ -494,7 +495,7 @@ fn skip_rest(reader: &mut impl BufRead) -> io::Result<(u64, bool)> {
         if buf.is_empty() {
             return Ok((len, false));
         }
-        match buf.iter().position(|&b| b == b'\n') {
+        match memchr::memchr(b'\n', buf) {
             Some(end) => {
                 reader.consume(end + 1);
                 return Ok((len + end as u64, true));
@@ -512,7 +513,7 @@ fn skip_rest(reader: &mut impl BufRead) -> io::Result<(u64, bool)> {
 /// run of bytes (the start of something longer) may end inside a character: the
 /// character is left out.
 fn line_text(bytes: &[u8], partial: bool) -> std::result::Result<&str, (usize, &'static str)> {
-    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+    if let Some(at) = memchr::memchr(0, bytes) {
         return Err((at, "a NUL byte"));
     }
     match std::str::from_utf8(bytes) {
