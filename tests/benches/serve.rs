@@ -1,7 +1,9 @@
 //! Serving benchmarks, end to end with the real binary and the bundled plugins:
 //! - MCP `tools/call` round trip of `read` on a 4 KiB file (p50/p99 over 10,000 calls on
 //!   one connection) against the same call in-process (`Runtime::call_tool`), as a ratio,
-//!   and what the host's check of the arguments against the input schema costs of it;
+//!   against a `ping` round trip on the same connection (what the protocol and the pipes
+//!   cost alone), and what the host's check of the arguments against the input schema
+//!   costs of it;
 //! - whole-process `cordis call read` on the bundled `cordis.yml`;
 //! - hot reload latency to the first call served by the new composition (median and p99),
 //!   (a) after a library is replaced by `cp` + `mv` (and the server's resident memory growth
@@ -32,6 +34,7 @@ fn read_round_trips() {
 
     let mut mcp = StdioClient::start(&s);
     let over_mcp = mcp.time_calls(CALLS, "read", &args);
+    let pings = mcp.time_pings(CALLS);
     mcp.finish();
 
     let rt = s.runtime();
@@ -64,6 +67,7 @@ fn read_round_trips() {
     let (cp50, cp99) = summarize(checks);
     let (mp50, mp99) = summarize(over_mcp);
     let (ip50, ip99) = summarize(in_process);
+    let (pp50, pp99) = summarize(pings);
     println!("read of a 4 KiB file, {CALLS} calls each:");
     println!(
         "  MCP tools/call round trip  p50 {:>10}  p99 {:>10}",
@@ -79,6 +83,13 @@ fn read_round_trips() {
         "  ratio MCP / in-process     p50 {:.2}  p99 {:.2}",
         mp50 / ip50,
         mp99 / ip99
+    );
+    println!(
+        "  MCP ping round trip        p50 {:>10}  p99 {:>10}  (read - ping at p50: {}, {:.2}x in-process)",
+        human(pp50),
+        human(pp99),
+        human(mp50 - pp50),
+        (mp50 - pp50) / ip50
     );
     println!(
         "  argument check             p50 {:>10}  p99 {:>10}  ({:.3}% of the MCP round trip at p50)",

@@ -170,6 +170,19 @@ impl StdioClient {
         samples
     }
 
+    /// Times `pings` round trips of `ping` (nanoseconds each): the protocol and the pipes
+    /// alone, the floor under every call.
+    pub fn time_pings(&mut self, pings: usize) -> Vec<f64> {
+        let mut samples = Vec::with_capacity(pings);
+        for _ in 0..pings {
+            let t = Instant::now();
+            let response = self.request("ping", &serde_json::json!({}));
+            samples.push(t.elapsed().as_nanos() as f64);
+            assert!(response.contains(r#""result""#), "{response}");
+        }
+        samples
+    }
+
     /// Closes the input and waits for a clean exit.
     pub fn finish(mut self) {
         drop(self.stdin);

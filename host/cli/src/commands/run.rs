@@ -277,11 +277,19 @@ pub(crate) fn run(
         return Err(e);
     }
     // On stdio, one connection on one thread: the protocol's pipes, rmcp and the calls'
-    // completions never hand work between runtime threads. Over HTTP, many connections
-    // on every core. Tool calls run on the blocking pool either way.
+    // completions never hand work between runtime threads. Over HTTP, a request crosses
+    // several tasks (the connection, rmcp's session worker, the handler, the kept event
+    // stream), and each hand-off between runtime threads is a wake-up that costs more than
+    // the parsing it spreads: half the cores run the protocol (one on two cores), the
+    // blocking pool beside them runs the tool calls, where the time goes.
     let tokio = match args.http {
         None => tokio::runtime::Builder::new_current_thread(),
-        Some(_) => tokio::runtime::Builder::new_multi_thread(),
+        Some(_) => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads((cores / 2).max(1));
+            builder
+        }
     }
     .enable_all()
     .build()

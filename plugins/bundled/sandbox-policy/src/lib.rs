@@ -341,7 +341,8 @@ const MAX_CACHED_STATES: usize = 1024;
 /// policy checks of the file system (the pinned root, the writable root) is checked on
 /// every call, and what the paths match is decided where the policy is enforced.
 struct SessionState {
-    stamps: Stamps,
+    /// `None`: read for an unstamped call, used once and never kept.
+    stamps: Option<Stamps>,
     info: cordis_sdk::SessionInfo,
     standing: SandboxMode,
     approved_hosts: Vec<String>,
@@ -410,7 +411,7 @@ impl Policy {
     fn session_state(&self, id: &str, stamps: Option<Stamps>) -> Result<Arc<SessionState>> {
         let lock = || self.states.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(stamps) = stamps {
-            if let Some(state) = lock().get(id).filter(|s| s.stamps == stamps) {
+            if let Some(state) = lock().get(id).filter(|s| s.stamps == Some(stamps)) {
                 return Ok(state.clone());
             }
         }
@@ -422,12 +423,7 @@ impl Policy {
         // reported, never silently bypassed.
         let standing = self.session_mode(id)?.unwrap_or(self.default_mode);
         let state = Arc::new(SessionState {
-            // Unstamped, it is used once and never kept.
-            stamps: stamps.unwrap_or(Stamps {
-                seq: 0,
-                composition: 0,
-                appended: 0,
-            }),
+            stamps,
             info,
             standing,
             approved_hosts: self.approved_hosts(id)?,
@@ -449,6 +445,8 @@ impl Policy {
             .sessions
             .append(event)
             .map_err(|e| session_error(id, e));
+        // Bumped on a failure too: an append that failed may still have written (its
+        // sync failing after the write), and a state read afresh is never wrong.
         self.appended.fetch_add(1, Ordering::SeqCst);
         seq
     }

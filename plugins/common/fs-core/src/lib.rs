@@ -77,10 +77,25 @@ impl ReadDeny {
         ReadDeny { denied }
     }
 
-    /// Refuses, before anything is opened, a read of a process's `/proc` entries (the
-    /// kernel may refuse the open of another process's first, with a less clear error).
+    /// Refuses, before anything is opened, a read of a process's `/proc` entries named as
+    /// such. Nothing is resolved here: what an alias leads to is checked on what was
+    /// opened ([`ReadDeny::check`]), and a failed open is worded by
+    /// [`ReadDeny::open_failed`].
     pub fn check_path(&self, path: &Path) -> Result<()> {
-        refuse_process_entry(&path.canonicalize().unwrap_or(path.to_path_buf()), path)
+        refuse_process_entry(path, path)
+    }
+
+    /// The error for an open of `path` that failed with `e`. When `path` leads to a
+    /// process's `/proc` entry (through a symlink or `..`), the refusal says so: the kernel
+    /// refuses the open of another process's entries with a less clear error. Resolved
+    /// only here, on the failure, so a read that opens costs no walk of its path.
+    pub fn open_failed(&self, e: io::Error, op: &str, path: &Path) -> Error {
+        if let Ok(real) = path.canonicalize() {
+            if let Err(denied) = refuse_process_entry(&real, path) {
+                return denied;
+            }
+        }
+        io_error(e, op, path)
     }
 
     /// Refuses the read of `opened`, opened at `path`, when what it is denies it.
@@ -258,10 +273,17 @@ fn open_regular_at(
     Ok(Ok((file, meta.len())))
 }
 
-/// Opens `path` ambiently for reading; anything but a regular file is refused unopened.
-fn open_regular(path: &Path, op: &str) -> Result<(std::fs::File, u64)> {
-    open_regular_at(libc::AT_FDCWD, path.as_os_str(), true, path, op)
-        .unwrap_or_else(|e| Err(io_error(e, op, path)))
+/// Opens `path` ambiently for reading unless `deny` refuses what it names or what was
+/// opened; anything but a regular file is refused unopened. Returns the file and its
+/// reported size.
+fn open_regular(path: &Path, op: &str, deny: &ReadDeny) -> Result<(std::fs::File, u64)> {
+    deny.check_path(path)?;
+    let (file, size) = match open_regular_at(libc::AT_FDCWD, path.as_os_str(), true, path, op) {
+        Ok(opened) => opened?,
+        Err(e) => return Err(deny.open_failed(e, op, path)),
+    };
+    deny.check(&file, path)?;
+    Ok((file, size))
 }
 
 /// The largest file read whole ([`read_text`], the read before an edit) and the largest
@@ -296,9 +318,7 @@ fn read_all(file: std::fs::File, path: &Path) -> Result<String> {
 /// The whole regular file at `path` as UTF-8 text, unless `deny` refuses it.
 pub fn read_text(path: &Path, deny: &ReadDeny) -> Result<String> {
     check_path(path)?;
-    deny.check_path(path)?;
-    let (file, _) = open_regular(path, "read")?;
-    deny.check(&file, path)?;
+    let (file, _) = open_regular(path, "read", deny)?;
     read_all(file, path)
 }
 
@@ -320,9 +340,7 @@ pub fn read_lines(args: &ReadLines, deny: &ReadDeny) -> Result<Lines> {
                 .with_help("raise the caps that are 0"),
         );
     }
-    deny.check_path(&args.path)?;
-    let (file, size) = open_regular(&args.path, "read")?;
-    deny.check(&file, &args.path)?;
+    let (file, size) = open_regular(&args.path, "read", deny)?;
     page(file, size, args)
 }
 
@@ -338,6 +356,14 @@ fn page(mut input: impl Read, size: u64, args: &ReadLines) -> Result<Lines> {
     if let Err((at, evidence)) = line_text(&head, head.len() == SNIFF_BYTES) {
         return Err(binary(path, size, evidence, at as u64));
     }
+    // A sniff shorter than asked for met the end: nothing is read again (every fill of an
+    // empty buffer would ask the file once more).
+    let rest = if head.len() < SNIFF_BYTES {
+        0
+    } else {
+        u64::MAX
+    };
+    let input = input.take(rest);
     // Big enough for the whole of a small file (one read and the one that sees its end),
     // at most 64 KiB for a large one.
     let capacity = usize::try_from(size.saturating_add(1))
@@ -564,7 +590,7 @@ pub fn list_dir(args: &ListDir, deny: &ReadDeny) -> Result<Listing> {
             .read(true)
             .custom_flags(libc::O_DIRECTORY | READ_FLAGS)
             .open(path)
-            .map_err(|e| io_error(e, "list", path))?
+            .map_err(|e| deny.open_failed(e, "list", path))?
     };
     deny.check(&dir, path)?;
     // Listed through the descriptor that was checked.
@@ -1576,5 +1602,35 @@ mod tests {
         .unwrap();
         let pipe = read_text(&fifo, &ReadDeny::default()).unwrap_err();
         assert!(help(&pipe).contains("timeout 5 head"), "{pipe}");
+    }
+
+    /// A read's path is resolved only when its open fails: an alias of a process's `/proc`
+    /// entry is then refused as such (an unprivileged host's reopen of another process's
+    /// entry fails with EACCES), any other failure keeps its own code, and a read through
+    /// the alias that opens is refused on what was opened.
+    #[test]
+    fn a_process_entry_behind_an_alias_is_refused_whether_or_not_it_opens() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().canonicalize().unwrap();
+        let alias = root.join("env");
+        std::os::unix::fs::symlink("/proc/self/environ", &alias).unwrap();
+        let deny = ReadDeny::default();
+        let refused = deny.open_failed(io::Error::from_raw_os_error(libc::EACCES), "read", &alias);
+        assert_eq!(refused.code, codes::FS_READ_DENIED, "{refused}");
+        assert!(refused.message.contains("entry of a process"), "{refused}");
+        let missing = root.join("missing.txt");
+        let other = deny.open_failed(io::Error::from_raw_os_error(libc::ENOENT), "read", &missing);
+        assert_eq!(other.code, codes::FS_NOT_FOUND, "{other}");
+        let read = read_lines(
+            &ReadLines {
+                path: alias.clone(),
+                ..args(1, None, (10, 10, 10))
+            },
+            &deny,
+        )
+        .unwrap_err();
+        assert_eq!(read.code, codes::FS_READ_DENIED, "{read}");
+        let whole = read_text(&alias, &deny).unwrap_err();
+        assert_eq!(whole.code, codes::FS_READ_DENIED, "{whole}");
     }
 }
