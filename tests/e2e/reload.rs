@@ -873,3 +873,38 @@ fn the_resolved_policy_follows_a_reload_a_newly_protected_path_and_a_mode_switch
     refused("c.txt", "under read-only mode");
     rt.shutdown();
 }
+
+/// A call that switches its own session's mode and resolves again sees its switch at once:
+/// the policy's reuse of a session's state also counts its own appends, not only the stamps
+/// the host read when the call began.
+#[test]
+fn a_call_that_switches_its_sessions_mode_sees_the_switch_within_the_call() {
+    let s = cordis_e2e::Scratch::new();
+    s.manifest(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n- name: fixture-crashy\n",
+    );
+    let rt = s.runtime();
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let switch = |mode: &str| {
+        let r = rt
+            .call_tool(
+                "switch",
+                &CallContext {
+                    session: session.clone(),
+                    call_id: cordis_e2e::unique(),
+                    cancel_fd: None,
+                    progress_fd: None,
+                },
+                &serde_json::json!({ "mode": mode }),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!r.is_error, "{}", r.text);
+        r.text
+    };
+    assert_eq!(switch("read-only"), "workspace-write -> read-only");
+    assert_eq!(switch("workspace-write"), "read-only -> workspace-write");
+    assert_eq!(
+        switch("workspace-write"),
+        "workspace-write -> workspace-write"
+    );
+}
