@@ -741,7 +741,25 @@ fn reads_reveal_neither_the_host_process_nor_denied_paths() {
         r.expect_code(1).expect_output(&["FS_READ_DENIED"]);
         assert!(!r.stdout().contains("s3cret"), "{}", r.stdout());
     }
+    // The same entries through aliases: a link to the file, a link to a process's
+    // directory, a link to `/proc` itself and a `..` that climbs back into it.
+    std::os::unix::fs::symlink("/proc/self/environ", s.path().join("env-link")).expect("link");
+    std::os::unix::fs::symlink("/proc/1", s.path().join("init")).expect("link");
+    std::os::unix::fs::symlink("/proc", s.path().join("procfs")).expect("link");
+    for path in [
+        "env-link",
+        "init/environ",
+        "procfs/self/environ",
+        "procfs/sys/../self/environ",
+    ] {
+        let r = call(&s, &env, "read", json!({ "path": path }));
+        r.expect_code(1).expect_output(&["FS_READ_DENIED"]);
+        assert!(!r.stdout().contains("s3cret"), "{}", r.stdout());
+    }
     call(&s, &env, "list", json!({"path": "/proc/self/fd"}))
+        .expect_code(1)
+        .expect_output(&["FS_READ_DENIED"]);
+    call(&s, &env, "list", json!({"path": "procfs/self/fd"}))
         .expect_code(1)
         .expect_output(&["FS_READ_DENIED"]);
     for path in [

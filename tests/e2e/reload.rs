@@ -885,22 +885,8 @@ fn a_call_that_switches_its_sessions_mode_sees_the_switch_within_the_call() {
     );
     let rt = s.runtime();
     let session = rt.sessions().create(&s.path()).expect("session");
-    let switch = |mode: &str| {
-        let r = rt
-            .call_tool(
-                "switch",
-                &CallContext {
-                    session: session.clone(),
-                    call_id: cordis_e2e::unique(),
-                    cancel_fd: None,
-                    progress_fd: None,
-                },
-                &serde_json::json!({ "mode": mode }),
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(!r.is_error, "{}", r.text);
-        r.text
-    };
+    let switch =
+        |mode: &str| call_with(&rt, &session, "switch", serde_json::json!({ "mode": mode }));
     assert_eq!(switch("read-only"), "workspace-write -> read-only");
     assert_eq!(switch("workspace-write"), "read-only -> workspace-write");
     assert_eq!(

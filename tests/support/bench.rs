@@ -160,25 +160,31 @@ impl StdioClient {
 
     /// Times `calls` calls of `tool` (nanoseconds each); every one must succeed.
     pub fn time_calls(&mut self, calls: usize, tool: &str, args: &serde_json::Value) -> Vec<f64> {
-        let mut samples = Vec::with_capacity(calls);
-        for _ in 0..calls {
-            let t = Instant::now();
-            let response = self.call(tool, args);
-            samples.push(t.elapsed().as_nanos() as f64);
-            assert!(response.contains(r#""isError":false"#), "{response}");
-        }
-        samples
+        let params = serde_json::json!({"name": tool, "arguments": args});
+        self.time_requests(calls, "tools/call", &params, r#""isError":false"#)
     }
 
     /// Times `pings` round trips of `ping` (nanoseconds each): the protocol and the pipes
     /// alone, the floor under every call.
     pub fn time_pings(&mut self, pings: usize) -> Vec<f64> {
-        let mut samples = Vec::with_capacity(pings);
-        for _ in 0..pings {
+        self.time_requests(pings, "ping", &serde_json::json!({}), r#""result""#)
+    }
+
+    /// Times `count` requests of `method` (nanoseconds each); every response must contain
+    /// `ok`.
+    fn time_requests(
+        &mut self,
+        count: usize,
+        method: &str,
+        params: &serde_json::Value,
+        ok: &str,
+    ) -> Vec<f64> {
+        let mut samples = Vec::with_capacity(count);
+        for _ in 0..count {
             let t = Instant::now();
-            let response = self.request("ping", &serde_json::json!({}));
+            let response = self.request(method, params);
             samples.push(t.elapsed().as_nanos() as f64);
-            assert!(response.contains(r#""result""#), "{response}");
+            assert!(response.contains(ok), "{response}");
         }
         samples
     }
