@@ -105,7 +105,7 @@ impl Caller for Started {
 }
 
 /// The registered tools alone, shareable across threads.
-struct Tools(BTreeMap<String, ToolSlot>);
+struct Tools(BTreeMap<String, std::sync::Arc<ToolSlot>>);
 
 impl Tools {
     fn of(started: &Started) -> Self {

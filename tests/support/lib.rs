@@ -1114,7 +1114,14 @@ pub fn write_sdk_manifest(copy: &Path, manifest: &str, version: &str) {
             "serde.workspace = true",
             "serde = { version = \"1\", features = [\"derive\"] }",
         )
-        .replace("serde_json.workspace = true", "serde_json = \"1\"")
+        .replace(
+            "serde_json.workspace = true",
+            "serde_json = { version = \"1\", features = [\"raw_value\"] }",
+        )
+        .replace(
+            "json-escape-simd.workspace = true",
+            "json-escape-simd = \"3\"",
+        )
         .replace("tracing.workspace = true", "tracing = \"0.1\"");
     assert!(!manifest.contains(".workspace"), "{manifest}");
     std::fs::write(copy.join("Cargo.toml"), manifest).unwrap();

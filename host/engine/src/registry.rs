@@ -247,7 +247,7 @@ pub struct Registry {
     /// Services by name.
     pub services: BTreeMap<String, ServiceSlot>,
     /// Tools by name.
-    pub tools: BTreeMap<String, ToolSlot>,
+    pub tools: BTreeMap<String, Arc<ToolSlot>>,
     /// Optional injections that nothing provides: (entry, service).
     pub missing_optional: Vec<(String, String)>,
     applied: Vec<Applied>,
@@ -508,7 +508,7 @@ impl Registry {
     }
 
     /// The tool registered as `name`.
-    pub fn tool(&self, name: &str) -> Result<&ToolSlot, UnknownTool> {
+    pub fn tool(&self, name: &str) -> Result<&Arc<ToolSlot>, UnknownTool> {
         self.tools.get(name).ok_or_else(|| UnknownTool {
             name: name.to_string(),
             known: self.tools.keys().cloned().collect(),
@@ -631,14 +631,14 @@ impl HostCtxObj for ApplyCtx<'_> {
         };
         self.registry.tools.insert(
             name.clone(),
-            ToolSlot {
+            Arc::new(ToolSlot {
                 decl,
                 handle: tool,
                 extras,
                 store: self.registry.tool_extras.clone(),
                 args,
                 entry: self.planned.entry.id.clone(),
-            },
+            }),
         );
         self.tools.push(name);
         RResult::ROk(())

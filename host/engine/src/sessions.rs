@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cordis_sdk::host::{EventQuery, NewEvent, SessionEvent, Sessions};
 use cordis_sdk::{Error, Result, SessionInfo};
@@ -99,8 +100,31 @@ pub enum Origin {
 
 struct Log {
     info: SessionInfo,
-    path: PathBuf,
+    file: LogFile,
     state: Mutex<LogState>,
+}
+
+/// Where a log is: its path, and its name beneath the store's sessions directory when
+/// that directory is held open, so the `stat` asked on every call looks up one name
+/// instead of walking the whole path.
+struct LogFile {
+    path: PathBuf,
+    beneath: Option<(Arc<OwnedFd>, String)>,
+}
+
+impl LogFile {
+    /// The log's size now (following a symlink, as a `stat` of its path would).
+    fn len(&self) -> std::io::Result<u64> {
+        match &self.beneath {
+            Some((dir, name)) => {
+                Ok(
+                    rustix::fs::statat(dir, name.as_str(), rustix::fs::AtFlags::empty())?.st_size
+                        as u64,
+                )
+            }
+            None => Ok(std::fs::metadata(&self.path)?.len()),
+        }
+    }
 }
 
 /// What has been read of a log file so far. Another process (say `cordis session
@@ -119,6 +143,8 @@ struct LogState {
 pub struct SessionStore {
     dir: PathBuf,
     open: Mutex<HashMap<String, Arc<Log>>>,
+    /// The sessions directory, held open once it exists (see [`LogFile`]).
+    sessions_fd: OnceLock<Arc<OwnedFd>>,
 }
 
 /// Problems reading a session log.
@@ -200,6 +226,7 @@ impl SessionStore {
         SessionStore {
             dir: dir.into(),
             open: Mutex::new(HashMap::new()),
+            sessions_fd: OnceLock::new(),
         }
     }
 
@@ -207,8 +234,34 @@ impl SessionStore {
         self.dir.join("sessions")
     }
 
+    /// The sessions directory held open (`O_PATH`), once it exists; `None` before.
+    fn sessions_fd(&self) -> Option<Arc<OwnedFd>> {
+        if let Some(fd) = self.sessions_fd.get() {
+            return Some(fd.clone());
+        }
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            self.sessions_dir(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        Some(self.sessions_fd.get_or_init(|| Arc::new(fd)).clone())
+    }
+
     fn path_of(&self, id: &str) -> PathBuf {
-        self.sessions_dir().join(format!("{id}.jsonl"))
+        self.sessions_dir().join(Self::file_name(id))
+    }
+
+    fn file_name(id: &str) -> String {
+        format!("{id}.jsonl")
+    }
+
+    fn log_file(&self, id: &str) -> LogFile {
+        LogFile {
+            path: self.path_of(id),
+            beneath: self.sessions_fd().map(|dir| (dir, Self::file_name(id))),
+        }
     }
 
     /// Creates a long-lived session rooted at `cwd` (canonicalized, immutable).
@@ -261,6 +314,7 @@ impl SessionStore {
             cwd,
             cwd_id,
         };
+        let file = self.log_file(&id);
         self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
             id,
             Arc::new(Log {
@@ -271,7 +325,7 @@ impl SessionStore {
                     consumed: std::fs::metadata(&path).map_err(io(&path))?.len(),
                     lines: 1,
                 }),
-                path,
+                file,
             }),
         );
         Ok(info)
@@ -438,7 +492,7 @@ impl SessionStore {
         if !path.is_file() {
             return Err(SessionError::NotFound(id.to_string()));
         }
-        let log = Arc::new(replay(&path)?);
+        let log = Arc::new(replay(self.log_file(id))?);
         open.insert(id.to_string(), log.clone());
         Ok(log)
     }
@@ -448,7 +502,7 @@ impl SessionStore {
     pub fn last_seq(&self, id: &str) -> Result<u64, SessionError> {
         let log = self.log(id)?;
         let mut state = log.state.lock().unwrap_or_else(|e| e.into_inner());
-        read_more(&log.path, &mut state, false)?;
+        read_more(&log.file, &mut state, false)?;
         Ok(state.events.last().map_or(0, |e| e.seq))
     }
 
@@ -456,7 +510,7 @@ impl SessionStore {
     pub fn events(&self, id: &str, kind: Option<&str>) -> Result<Vec<SessionEvent>, SessionError> {
         let log = self.log(id)?;
         let mut state = log.state.lock().unwrap_or_else(|e| e.into_inner());
-        read_more(&log.path, &mut state, false)?;
+        read_more(&log.file, &mut state, false)?;
         Ok(state
             .events
             .iter()
@@ -477,16 +531,16 @@ impl SessionStore {
         // Every appender, in any process, holds the log's lock: the sequence numbers stay
         // dense, and a partial last line seen under the lock is a crash's, not an append
         // in progress.
-        let mut file = lock_for_append(&log.path)?;
-        read_more(&log.path, &mut state, true)?;
+        let mut file = lock_for_append(&log.file.path)?;
+        read_more(&log.file, &mut state, true)?;
         let event = SessionEvent {
             seq: state.events.last().map_or(1, |e| e.seq + 1),
             kind: kind.to_string(),
             data,
         };
-        write_line(&mut file, &Line::Event(event.clone())).map_err(io(&log.path))?;
+        write_line(&mut file, &Line::Event(event.clone())).map_err(io(&log.file.path))?;
         // Our own line is consumed by the next read like anyone else's.
-        read_more(&log.path, &mut state, false)?;
+        read_more(&log.file, &mut state, false)?;
         Ok(event.seq)
     }
 }
@@ -544,10 +598,11 @@ fn write_line(file: &mut File, line: &Line) -> std::io::Result<()> {
 
 /// Replays a log. A torn last line (a crash mid-append: no final newline) is reported and
 /// cut off; any other corrupt line is an error naming file and line.
-fn replay(path: &Path) -> Result<Log, SessionError> {
+fn replay(file: LogFile) -> Result<Log, SessionError> {
+    let path = &file.path;
     let mut state = LogState::default();
     let lock = lock_for_append(path)?;
-    read_more(path, &mut state, true)?;
+    read_more(&file, &mut state, true)?;
     drop(lock);
     let info = state.header.clone().ok_or_else(|| SessionError::Corrupt {
         path: path.to_path_buf(),
@@ -556,7 +611,7 @@ fn replay(path: &Path) -> Result<Log, SessionError> {
     })?;
     Ok(Log {
         info,
-        path: path.to_path_buf(),
+        file,
         state: Mutex::new(state),
     })
 }
@@ -565,10 +620,11 @@ fn replay(path: &Path) -> Result<Log, SessionError> {
 /// newline is an append in progress (left for later) or, when `cut_torn_tail` (the caller
 /// holds the log's lock, so no append is in progress), the remains of a crash (reported
 /// and cut off).
-fn read_more(path: &Path, state: &mut LogState, cut_torn_tail: bool) -> Result<(), SessionError> {
+fn read_more(log: &LogFile, state: &mut LogState, cut_torn_tail: bool) -> Result<(), SessionError> {
     use std::io::{Seek, SeekFrom};
+    let path = &log.path;
     // One `stat` when nothing was appended (the common case: asked on every call).
-    if std::fs::metadata(path).map_err(io(path))?.len() <= state.consumed {
+    if log.len().map_err(io(path))? <= state.consumed {
         return Ok(());
     }
     let mut file = File::open(path).map_err(io(path))?;

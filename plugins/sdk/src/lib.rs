@@ -235,7 +235,9 @@ pub use plugin::{
     input_schema_of, report_progress, CallContext, Context, Metadata, Need, Plugin, Progress, Tool,
     ToolAnnotations, ToolOptions, ToolResult, MAX_PROGRESS_LINE,
 };
-pub use service::{decode_args, encode_result, serve, Interface, InterfaceMismatch, Service};
+pub use service::{
+    decode_args, encode_result, json_text, serve, Interface, InterfaceMismatch, Service,
+};
 
 pub use abi::Reconfigured;
 pub use schemars;

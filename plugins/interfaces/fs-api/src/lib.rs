@@ -359,6 +359,7 @@ pub struct Lines {
     /// The lines from `offset` on, each with its own line break. A line longer than
     /// [`ReadCaps::max_line_bytes`] (or `max_bytes`, when smaller) is cut there, on a
     /// character boundary, and ends in [`line_cut_marker`] before its break.
+    #[serde(serialize_with = "cordis_sdk::json_text")]
     pub text: String,
     /// How many lines `text` holds.
     pub count: u64,
@@ -386,6 +387,7 @@ pub struct WriteText {
     /// Absolute target path; parent directories are created.
     pub path: PathBuf,
     /// The whole new content.
+    #[serde(serialize_with = "cordis_sdk::json_text")]
     pub content: String,
     /// The per-call policy; `None` means the backend's deployment default.
     pub policy: Option<SandboxExecutionPolicy>,

@@ -126,8 +126,10 @@ pub struct ExecResult {
     /// The signal that ended it, when killed.
     pub signal: Option<i32>,
     /// Captured stdout (lossy UTF-8), capped.
+    #[serde(serialize_with = "cordis_sdk::json_text")]
     pub stdout: String,
     /// Captured stderr (lossy UTF-8), capped.
+    #[serde(serialize_with = "cordis_sdk::json_text")]
     pub stderr: String,
     /// Output was cut at the cap (a notice names the cap).
     pub truncated: bool,
