@@ -291,7 +291,8 @@ impl SessionStore {
         };
         let dir = private_dir(&self.dir, Path::new("sessions")).map_err(io(&self.dir))?;
         let id = new_id();
-        let path = self.path_of(&id);
+        let log_file = self.log_file(&id);
+        let path = &log_file.path;
         let header = Line::Header {
             version: 1,
             id: id.clone(),
@@ -303,9 +304,9 @@ impl SessionStore {
             .create_new(true)
             .append(true)
             .mode(0o600)
-            .open(&path)
-            .map_err(io(&path))?;
-        write_line(&mut file, &header).map_err(io(&path))?;
+            .open(path)
+            .map_err(io(path))?;
+        write_line(&mut file, &header).map_err(io(path))?;
         File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io(&dir))?;
@@ -314,7 +315,7 @@ impl SessionStore {
             cwd,
             cwd_id,
         };
-        let file = self.log_file(&id);
+        let consumed = log_file.len().map_err(io(path))?;
         self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
             id,
             Arc::new(Log {
@@ -322,10 +323,10 @@ impl SessionStore {
                 state: Mutex::new(LogState {
                     header: Some(info.clone()),
                     events: Vec::new(),
-                    consumed: std::fs::metadata(&path).map_err(io(&path))?.len(),
+                    consumed,
                     lines: 1,
                 }),
-                file,
+                file: log_file,
             }),
         );
         Ok(info)
@@ -488,11 +489,11 @@ impl SessionStore {
         if let Some(log) = open.get(id) {
             return Ok(log.clone());
         }
-        let path = self.path_of(id);
-        if !path.is_file() {
+        let file = self.log_file(id);
+        if !file.path.is_file() {
             return Err(SessionError::NotFound(id.to_string()));
         }
-        let log = Arc::new(replay(self.log_file(id))?);
+        let log = Arc::new(replay(file)?);
         open.insert(id.to_string(), log.clone());
         Ok(log)
     }
