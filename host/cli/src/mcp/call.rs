@@ -16,7 +16,7 @@ impl Ask {
 }
 
 /// A close-on-exec pipe with `flags` (e.g. `O_NONBLOCK`): (read end, write end).
-pub(super) fn pipe(flags: i32) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+pub(super) fn pipe(flags: i32) -> std::io::Result<Pipe> {
     use std::os::fd::FromRawFd;
     let mut fds = [-1; 2];
     // SAFETY: `fds` is a valid array of two descriptors for the kernel to fill.
@@ -31,6 +31,42 @@ pub(super) fn pipe(flags: i32) -> std::io::Result<(std::os::fd::OwnedFd, std::os
         )
     })
 }
+
+/// A pipe as [`pipe`] makes it: (read end, write end).
+pub(super) type Pipe = (std::os::fd::OwnedFd, std::os::fd::OwnedFd);
+
+/// Cancel pipes of calls that ended without being cancelled, for the calls after them. A
+/// call's pipe becomes readable only when its write end closes, and nobody writes into
+/// it, so a pipe whose write end the host still holds is as good as new (a plugin may use
+/// the descriptor only during its call, like any other the call lends it).
+struct SparePipes(Mutex<Vec<Pipe>>);
+
+/// At most this many spare pipes are kept (two descriptors each).
+const MAX_SPARE_PIPES: usize = 64;
+
+impl SparePipes {
+    const fn new() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+
+    /// A cancel pipe for a new call: a spare one when there is one.
+    fn take(&self) -> std::io::Result<Pipe> {
+        match lock(&self.0).pop() {
+            Some(pipe) => Ok(pipe),
+            None => pipe(0),
+        }
+    }
+
+    /// Keeps the cancel pipe of a call that ended uncancelled for a later call.
+    fn keep(&self, pipe: Pipe) {
+        let mut spare = lock(&self.0);
+        if spare.len() < MAX_SPARE_PIPES {
+            spare.push(pipe);
+        }
+    }
+}
+
+static CANCEL_PIPES: SparePipes = SparePipes::new();
 
 /// What a tool thread hands back: its result and the model context right after it.
 pub(super) type Finished = (Result<ToolResult, UnknownTool>, String);
@@ -205,7 +241,7 @@ impl McpServer {
         let (tx, asks) = mpsc::unbounded_channel();
         lock(&self.shared.calls).insert(call_id.clone(), tx);
         // The read end lives as long as the call; the write end as long as nobody cancels.
-        let cancel_rd = match pipe(0) {
+        let cancel_rd = match CANCEL_PIPES.take() {
             Ok((rd, wr)) => {
                 lock(&self.shared.cancels).insert(call_id.clone(), wr);
                 Some(rd)
@@ -242,10 +278,14 @@ impl McpServer {
         let join = tokio::task::spawn_blocking(move || {
             let result = runtime.call_tool(&name, &call, &args);
             let context = runtime.model_context(Some(&call.session.id));
-            if let Some(shared) = shared.upgrade() {
-                lock(&shared.cancels).remove(&call.call_id);
+            // Whoever takes the write end out first decides: a cancel closes it, the end
+            // of an uncancelled call keeps the pipe for the next call.
+            let uncancelled = shared
+                .upgrade()
+                .and_then(|shared| lock(&shared.cancels).remove(&call.call_id));
+            if let (Some(rd), Some(wr)) = (cancel_rd, uncancelled) {
+                CANCEL_PIPES.keep((rd, wr));
             }
-            drop(cancel_rd);
             drop(progress_wr);
             (result, context)
         });
@@ -384,4 +424,47 @@ impl McpServer {
 
 pub(super) fn error_result(text: String) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(text)]).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `fd` is readable (or at end of file) right now.
+    fn readable(fd: &std::os::fd::OwnedFd) -> bool {
+        let mut poll = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        assert!(ready >= 0, "poll: {}", std::io::Error::last_os_error());
+        ready == 1
+    }
+
+    #[test]
+    fn a_spare_cancel_pipe_is_reused_unsignalled_and_still_cancels() {
+        // A pipe is known by its inode: descriptor numbers are reused.
+        let inode = |fd: &std::os::fd::OwnedFd| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::File::from(fd.try_clone().expect("dup"))
+                .metadata()
+                .expect("fstat")
+                .ino()
+        };
+        let spares = SparePipes::new();
+        let (rd, wr) = spares.take().expect("a cancel pipe");
+        let ours = inode(&rd);
+        spares.keep((rd, wr));
+        let (rd, wr) = spares.take().expect("a cancel pipe");
+        assert_eq!(inode(&rd), ours, "the spare pipe was not reused");
+        assert!(!readable(&rd), "a reused pipe reads as cancelled");
+        drop(wr);
+        assert!(readable(&rd), "closing the write end does not cancel");
+        let mut byte = [0u8; 1];
+        // SAFETY: reading one byte into a valid buffer.
+        let n = unsafe { libc::read(rd.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
+        assert_eq!(n, 0, "a cancel is the end of file, not data");
+    }
 }

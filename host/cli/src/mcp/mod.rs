@@ -60,6 +60,7 @@ mod hub;
 mod rooting;
 mod server;
 mod stdio;
+mod wire;
 
 use approval::*;
 use call::*;

@@ -158,7 +158,7 @@ where
     );
     tokio::pin!(shutdown);
     let started = tokio::select! {
-        started = server.serve(io) => started,
+        started = server.serve(super::wire::Wire::new(io.0, io.1)) => started,
         // Nothing runs before the handshake: nothing to wait for.
         _ = &mut shutdown => return Ok(()),
     };
