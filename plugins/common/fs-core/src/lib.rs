@@ -99,9 +99,14 @@ impl ReadDeny {
     }
 
     /// Refuses the read of `opened`, opened at `path`, when what it is denies it.
-    pub fn check(&self, opened: &impl std::os::fd::AsRawFd, path: &Path) -> Result<()> {
-        let real = std::fs::read_link(format!("/proc/self/fd/{}", opened.as_raw_fd()))
-            .map_err(|e| io_error(e, "check what was opened at", path))?;
+    pub fn check(&self, opened: &impl std::os::fd::AsFd, path: &Path) -> Result<()> {
+        // Without `denyRead` only a process's `/proc` entries are refused, and only a file
+        // of a `proc` file system can be one: anything else needs no walk of its name.
+        if self.denied.is_none() && !on_procfs(opened) {
+            return Ok(());
+        }
+        let real =
+            fd_entry::link(opened).map_err(|e| io_error(e, "check what was opened at", path))?;
         refuse_process_entry(&real, path)?;
         if let Some((mode, set)) = &self.denied {
             if let Some(rule) = set.covering(&real) {
@@ -110,6 +115,16 @@ impl ReadDeny {
         }
         Ok(())
     }
+}
+
+/// Whether `opened` lies on a `proc` file system (any mount of one); yes when that cannot
+/// be told, so the caller checks by name.
+fn on_procfs(opened: &impl std::os::fd::AsFd) -> bool {
+    /// `PROC_SUPER_MAGIC`.
+    const PROC: i64 = 0x9fa0;
+    // `f_type`'s width differs between targets.
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::fstatfs(opened).map_or(true, |s| s.f_type as i64 == PROC)
 }
 
 /// Refuses `real` (what `path` names) when it lies beneath a process's `/proc` entry.
@@ -180,7 +195,8 @@ fn utf8(bytes: Vec<u8>, path: &Path) -> Result<String> {
 /// The flags every read opens with: `O_NONBLOCK`, so opening a FIFO never waits for a
 /// writer, and `O_NOCTTY`, so opening a terminal never makes it the controlling one. A
 /// regular file reads the same with or without them.
-const READ_FLAGS: i32 = libc::O_NONBLOCK | libc::O_NOCTTY;
+const READ_FLAGS: rustix::fs::OFlags =
+    rustix::fs::OFlags::NONBLOCK.union(rustix::fs::OFlags::NOCTTY);
 
 /// How much of a file's start [`read_lines`] checks for binary content, whatever the offset.
 pub const SNIFF_BYTES: usize = 8 * 1024;
@@ -240,7 +256,7 @@ fn open_regular_at(
     path: &Path,
     op: &str,
 ) -> std::result::Result<Result<(std::fs::File, u64)>, io::Error> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::{FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     let c_name = std::ffi::CString::new(name.as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -265,11 +281,7 @@ fn open_regular_at(
     if let Some(kind) = not_regular_kind(meta.file_type()) {
         return Ok(Err(not_regular(path, op, kind)));
     }
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(READ_FLAGS)
-        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))?;
+    let file = fd_entry::reopen(&handle, READ_FLAGS)?;
     Ok(Ok((file, meta.len())))
 }
 
@@ -588,7 +600,7 @@ pub fn list_dir(args: &ListDir, deny: &ReadDeny) -> Result<Listing> {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_DIRECTORY | READ_FLAGS)
+            .custom_flags(libc::O_DIRECTORY | READ_FLAGS.bits() as i32)
             .open(path)
             .map_err(|e| deny.open_failed(e, "list", path))?
     };
@@ -705,11 +717,7 @@ pub fn fenced_target(
 /// Where the open directory `dir` really is (its descriptor's path), for a check of what
 /// was reached; `path` is the call's, for the error.
 fn reached(dir: &Dir, path: &Path) -> Result<PathBuf> {
-    std::fs::read_link(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(dir)
-    ))
-    .map_err(|e| io_error(e, "check the directory of", path))
+    fd_entry::link(dir).map_err(|e| io_error(e, "check the directory of", path))
 }
 
 /// Whether a mutation creates missing parent directories (a write does, an edit does not).
@@ -1050,6 +1058,8 @@ pub(crate) mod race {
         out
     }
 }
+
+mod fd_entry;
 
 #[cfg(test)]
 mod race_tests;
