@@ -24,6 +24,9 @@ use tokio_util::codec::Decoder;
 /// The longest line read (rmcp's limit); a longer one is skipped whole.
 const MAX_LINE: usize = 16 * 1024 * 1024;
 
+/// The most line buffer kept between messages; a longer message's is given back.
+const KEPT_LINE_CAPACITY: usize = 1024 * 1024;
+
 /// A UTF-8 byte order mark, which JSON parsers may ignore (RFC 8259 §8.1).
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -80,7 +83,8 @@ where
                 self.discarding = newline.is_none();
                 None
             } else if self.line.len().saturating_add(take) > MAX_LINE {
-                self.line.clear();
+                // Nearly `MAX_LINE` held: given back, not kept for the next line.
+                self.line = Vec::new();
                 self.discarding = newline.is_none();
                 Some(Read::Oversized)
             } else {
@@ -131,7 +135,12 @@ where
                 Read::End => return None,
             }
             let parsed = parse(&self.line);
-            self.line.clear();
+            if self.line.capacity() > KEPT_LINE_CAPACITY {
+                // A long message's buffer is not kept for the connection's life.
+                self.line = Vec::new();
+            } else {
+                self.line.clear();
+            }
             match parsed {
                 Parsed::Message(message) => return Some(*message),
                 Parsed::Skipped => {}
