@@ -14,7 +14,7 @@ use cordis_sdk::Error;
 use dsh_fs_api::{codes, EditText, FileSystem, FsClient, ListDir, WriteText};
 use dsh_sandbox::{
     writable_roots, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
-    SandboxPolicy, SandboxPolicyClient, SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
+    SandboxPolicy, SandboxPolicyClient, SetModeArgs, Shared, MODE_EVENT, SANDBOX_POLICY,
 };
 use serde_json::json;
 
@@ -54,20 +54,20 @@ fn policy_of(started: &Started) -> SandboxPolicyClient {
     started.service::<SandboxPolicyClient>(SANDBOX_POLICY)
 }
 
-fn policy(mode: SandboxMode, root: &Path) -> Option<SandboxExecutionPolicy> {
-    Some(SandboxExecutionPolicy {
+fn policy(mode: SandboxMode, root: &Path) -> Option<Shared<SandboxExecutionPolicy>> {
+    Some(Shared::new(SandboxExecutionPolicy {
         mode,
         workspace_root: root.to_path_buf(),
         network: false,
         ..Default::default()
-    })
+    }))
 }
 
 fn write(
     fs: &FsClient,
     path: &Path,
     content: &str,
-    p: Option<SandboxExecutionPolicy>,
+    p: Option<Shared<SandboxExecutionPolicy>>,
 ) -> Result<u64, Error> {
     fs.write_text(WriteText {
         path: path.to_path_buf(),
@@ -82,7 +82,7 @@ fn edit(
     path: &Path,
     old: &str,
     new: &str,
-    p: Option<SandboxExecutionPolicy>,
+    p: Option<Shared<SandboxExecutionPolicy>>,
 ) -> Result<u64, Error> {
     fs.edit_text(EditText {
         path: path.to_path_buf(),
@@ -1010,7 +1010,7 @@ fn the_fence_agrees_with_writable_roots() {
     candidates.push(target_dir().join(&name));
     for path in candidates {
         let beneath = roots.iter().any(|r| path.starts_with(r));
-        let got = write(&fs, &path, "parity", Some(p.clone()));
+        let got = write(&fs, &path, "parity", Some(p.clone().into()));
         match (&got, beneath) {
             (Ok(_), true) => assert_eq!(std::fs::read_to_string(&path).unwrap(), "parity"),
             (Err(e), false) => {

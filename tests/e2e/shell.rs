@@ -673,7 +673,7 @@ fn sessions_with_different_roots_resolve_to_their_own_root() {
                         b.ws.display()
                     ),
                     &a.ws,
-                    Some(pa.clone()),
+                    Some(pa.clone().into_inner()),
                 ),
             )
         });
@@ -687,7 +687,7 @@ fn sessions_with_different_roots_resolve_to_their_own_root() {
                         a.ws.display()
                     ),
                     &b.ws,
-                    Some(pb.clone()),
+                    Some(pb.clone().into_inner()),
                 ),
             )
         });

@@ -1065,7 +1065,7 @@ pub fn shell_request(
         env: Vec::new(),
         timeout_ms: Some(20_000),
         output_limit: None,
-        policy,
+        policy: policy.map(dsh_sandbox::Shared::new),
         cancel_fd: None,
         progress_fd: None,
     }

@@ -228,6 +228,7 @@ pub mod host;
 mod log;
 mod plugin;
 mod service;
+mod shared;
 
 pub use error::{codes, Error, ErrorCode, Result};
 pub use host::SessionInfo;
@@ -238,6 +239,7 @@ pub use plugin::{
 pub use service::{
     decode_args, encode_result, json_text, serve, Interface, InterfaceMismatch, Service,
 };
+pub use shared::Shared;
 
 pub use abi::Reconfigured;
 pub use schemars;

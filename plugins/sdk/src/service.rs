@@ -213,7 +213,7 @@ pub fn json_text<S: serde::Serializer>(
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
 /// Already escaped JSON, written as it is.
-struct RawText<'a>(&'a str);
+pub(crate) struct RawText<'a>(pub(crate) &'a str);
 
 impl Serialize for RawText<'_> {
     fn serialize<S: serde::Serializer>(
@@ -229,7 +229,7 @@ impl Serialize for RawText<'_> {
 
 /// Whether this `serde_json` writes [`RawText`] verbatim: checked once, so a version that
 /// names its raw values differently gets plain strings rather than wrong JSON.
-fn raw_text_works() -> bool {
+pub(crate) fn raw_text_works() -> bool {
     static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *WORKS.get_or_init(|| {
         let escaped = json_escape_simd::escape("a\n\"b\"");

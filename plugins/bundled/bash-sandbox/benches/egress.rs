@@ -94,7 +94,7 @@ fn main() {
                 env: Vec::new(),
                 timeout_ms: Some(300_000),
                 output_limit: None,
-                policy: Some(policy.clone()),
+                policy: Some(policy.clone().into()),
                 cancel_fd: None,
                 progress_fd: None,
             })

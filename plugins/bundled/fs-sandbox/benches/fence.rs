@@ -39,12 +39,12 @@ fn main() {
     let (fenced_started, local_started) = (fenced_scratch.start(), local_scratch.start());
     let fenced: FsClient = fenced_started.service(FS);
     let local: FsClient = local_started.service(FS);
-    let policy = Some(SandboxExecutionPolicy {
+    let policy = Some(dsh_sandbox::Shared::new(SandboxExecutionPolicy {
         mode: SandboxMode::WorkspaceWrite,
         workspace_root: ws.clone(),
         network: false,
         ..Default::default()
-    });
+    }));
     let content: String = "0123456789abcdef".repeat(256);
     assert_eq!(content.len(), 4096);
 

@@ -23,7 +23,7 @@ use dsh_fs_api::{
 use dsh_fs_core::{fenced_target, Parents, PathLocks, ReadDeny};
 use dsh_sandbox::{
     EnforcedFamily, SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient,
-    SANDBOX_POLICY,
+    Shared, SANDBOX_POLICY,
 };
 
 /// The config under `config:` in `cordis.yml`: none; the policy comes from `sandboxPolicy`.
@@ -43,8 +43,8 @@ impl FencedFs {
     /// with it).
     fn policy_for(
         &self,
-        per_call: Option<SandboxExecutionPolicy>,
-    ) -> Result<SandboxExecutionPolicy> {
+        per_call: Option<Shared<SandboxExecutionPolicy>>,
+    ) -> Result<Shared<SandboxExecutionPolicy>> {
         let current = self.calls.current(())?;
         dsh_sandbox::policy_for_call(&self.policy, current.as_ref(), per_call).map_err(|e| {
             Error::new(

@@ -18,7 +18,7 @@ use dsh_sandbox::egress::{Egress, Host, Rules, APPROVED_HOST_EVENT};
 use dsh_sandbox::{
     is_within, ApproveHostArgs, ConfinementTier, EnforcedFamily, Fence, FileId, Limits,
     ResolveArgs, SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient,
-    SetModeArgs, MODE_EVENT, SANDBOX_POLICY,
+    SetModeArgs, Shared, MODE_EVENT, SANDBOX_POLICY,
 };
 use serde::Deserializer;
 
@@ -347,6 +347,16 @@ struct SessionState {
     standing: SandboxMode,
     approved_hosts: Vec<String>,
     protected_paths: Vec<PathBuf>,
+    /// The policy resolved from this state last, and the mode and root it was resolved
+    /// for: sent again as it is while they stay the same.
+    last: Mutex<Option<Resolved>>,
+}
+
+/// A policy resolved from a [`SessionState`], and what else it was resolved from.
+struct Resolved {
+    mode: SandboxMode,
+    root: (PathBuf, FileId),
+    policy: Shared<SandboxExecutionPolicy>,
 }
 
 /// When a [`SessionState`] was read: the host's [`CurrentCall::session_seq`] and
@@ -395,6 +405,37 @@ impl Policy {
         })
     }
 
+    /// The policy of a session's call in `mode` rooted at `root` (checked by
+    /// [`pinned_root`]), from its `state`: the one resolved last when it was for the same
+    /// mode and root, else made now. The workspace root is checked either way.
+    fn session_policy(
+        &self,
+        state: &SessionState,
+        mode: SandboxMode,
+        root: PinnedRoot,
+    ) -> Result<Shared<SandboxExecutionPolicy>> {
+        let lock = || state.last.lock().unwrap_or_else(|e| e.into_inner());
+        let same = |r: &Resolved| r.mode == mode && r.root.0 == root.path && r.root.1 == root.id;
+        if let Some(last) = lock().as_ref().filter(|r| same(r)) {
+            if mode == SandboxMode::WorkspaceWrite {
+                check_writable_root_at(&root.path, Some(&root.dir), "the workspace root")?;
+            }
+            return Ok(last.policy.clone());
+        }
+        let made = Shared::new(self.policy(
+            mode,
+            (root.path.clone(), root.id, Some(&root.dir)),
+            state.approved_hosts.clone(),
+            state.protected_paths.clone(),
+        )?);
+        *lock() = Some(Resolved {
+            mode,
+            root: (root.path, root.id),
+            policy: made.clone(),
+        });
+        Ok(made)
+    }
+
     /// The composition's protected paths, asked fresh (a reload may have added some), and
     /// the configured ones.
     fn protected_now(&self) -> Result<Vec<PathBuf>> {
@@ -428,6 +469,7 @@ impl Policy {
             standing,
             approved_hosts: self.approved_hosts(id)?,
             protected_paths: self.protected_now()?,
+            last: Mutex::new(None),
         });
         if stamps.is_some() {
             let mut states = lock();
@@ -508,17 +550,19 @@ impl Policy {
 }
 
 impl SandboxPolicy for PolicyHandle {
-    fn resolve(&self, args: ResolveArgs) -> Result<SandboxExecutionPolicy> {
+    fn resolve(&self, args: ResolveArgs) -> Result<Shared<SandboxExecutionPolicy>> {
         let current = self.calls.current(())?;
         let session = calling_session(current.as_ref(), args.session)?;
         let Some(id) = session else {
             let mode = approved_mode(current.as_ref(), args.mode, self.default_mode)?;
-            return self.policy(
-                mode.unwrap_or(self.default_mode),
-                (self.workspace_root.clone(), self.workspace_root_id, None),
-                Vec::new(),
-                self.protected_now()?,
-            );
+            return self
+                .policy(
+                    mode.unwrap_or(self.default_mode),
+                    (self.workspace_root.clone(), self.workspace_root_id, None),
+                    Vec::new(),
+                    self.protected_now()?,
+                )
+                .map(Shared::new);
         };
         // Read before the state: a state read after them is at least as new.
         let stamps = current.as_ref().and_then(|call| {
@@ -531,12 +575,7 @@ impl SandboxPolicy for PolicyHandle {
         let state = self.session_state(&id, stamps)?;
         let mode = approved_mode(current.as_ref(), args.mode, state.standing)?;
         let root = pinned_root(&id, &state.info)?;
-        self.policy(
-            mode.unwrap_or(state.standing),
-            (root.path, root.id, Some(&root.dir)),
-            state.approved_hosts.clone(),
-            state.protected_paths.clone(),
-        )
+        self.session_policy(&state, mode.unwrap_or(state.standing), root)
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {

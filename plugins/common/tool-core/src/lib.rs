@@ -18,8 +18,8 @@ use cordis_sdk::prelude::*;
 use dsh_sandbox::{
     approve_escalation, denial_marker, escalation_hint, escalation_params, ApproverDecision,
     Escalation, EscalationApprover, EscalationAsk, EscalationParams, ResolveArgs,
-    SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient, JUSTIFICATION_PARAM,
-    PERMISSIONS_PARAM, SANDBOX_MODES,
+    SandboxExecutionPolicy, SandboxMode, SandboxPolicy, SandboxPolicyClient, Shared,
+    JUSTIFICATION_PARAM, PERMISSIONS_PARAM, SANDBOX_MODES,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
@@ -337,7 +337,7 @@ impl CallPolicy {
         call: &CallContext,
         escalation: Option<&EscalationParams>,
         describe: impl FnOnce(&SandboxExecutionPolicy) -> Described,
-    ) -> Step<SandboxExecutionPolicy> {
+    ) -> Step<Shared<SandboxExecutionPolicy>> {
         let session = self.resolve(call, None)?;
         let Some(escalation) = escalation else {
             return Ok(session);
@@ -372,7 +372,7 @@ impl CallPolicy {
         &self,
         call: &CallContext,
         mode: Option<SandboxMode>,
-    ) -> Result<SandboxExecutionPolicy> {
+    ) -> Result<Shared<SandboxExecutionPolicy>> {
         self.policy
             .resolve(ResolveArgs {
                 session: Some(call.session.id.clone()),

@@ -15,7 +15,9 @@
 //!   with the call's session id) and pass it as `policy` to every mutation and read: the
 //!   policy changes while a session runs (`cordis session set-mode`, an approved
 //!   escalation), so a policy kept from an earlier call is wrong. `None` means the
-//!   backend's deployment default, never the session's.
+//!   backend's deployment default, never the session's. The policy is a
+//!   [`Shared`] value: pass on the one `resolve` gave (a policy made
+//!   by hand converts with `.into()`).
 //! - **Absolute paths only**, resolved against `CallContext::session.cwd` (the session's
 //!   immutable root), never against the host's working directory.
 //! - **Bounded reads for model input**: [`FileSystem::read_lines`] with caps, not
@@ -59,7 +61,7 @@ use std::path::{Path, PathBuf};
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-use dsh_sandbox::{Fence, SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{Fence, SandboxExecutionPolicy, SandboxMode, Shared};
 use serde::{Deserialize, Serialize};
 
 /// The registry name of the filesystem service.
@@ -294,7 +296,7 @@ pub struct ListDir {
     /// The per-call policy, whose `denyRead` a sandboxed backend enforces; `None` means
     /// the backend's deployment default. A plain local backend ignores it.
     #[serde(default)]
-    pub policy: Option<SandboxExecutionPolicy>,
+    pub policy: Option<Shared<SandboxExecutionPolicy>>,
 }
 
 /// A directory's entries: the first [`ListDir::max_entries`] by name, and how many it has.
@@ -320,7 +322,7 @@ pub struct ReadLines {
     /// The per-call policy, whose `denyRead` a sandboxed backend enforces; `None` means
     /// the backend's deployment default. A plain local backend ignores it.
     #[serde(default)]
-    pub policy: Option<SandboxExecutionPolicy>,
+    pub policy: Option<Shared<SandboxExecutionPolicy>>,
 }
 
 /// The most one `read_lines` page holds. Every cap is at least 1.
@@ -390,7 +392,7 @@ pub struct WriteText {
     #[serde(serialize_with = "cordis_sdk::json_text")]
     pub content: String,
     /// The per-call policy; `None` means the backend's deployment default.
-    pub policy: Option<SandboxExecutionPolicy>,
+    pub policy: Option<Shared<SandboxExecutionPolicy>>,
 }
 
 /// `write_text` result.
@@ -414,7 +416,7 @@ pub struct EditText {
     /// Replace every occurrence (otherwise exactly one must match).
     pub replace_all: bool,
     /// The per-call policy; `None` means the backend's deployment default.
-    pub policy: Option<SandboxExecutionPolicy>,
+    pub policy: Option<Shared<SandboxExecutionPolicy>>,
 }
 
 /// `edit_text` result.

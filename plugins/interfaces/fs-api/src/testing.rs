@@ -164,7 +164,7 @@ impl FileSystem for TempDirFs {
     }
 
     fn read_lines(&self, args: ReadLines) -> Result<Lines> {
-        self.allowed(args.policy.as_ref(), Op::Read, &args.path)?;
+        self.allowed(args.policy.as_deref(), Op::Read, &args.path)?;
         let text = self.read(&args.path)?;
         let all: Vec<&str> = text.split_inclusive('\n').collect();
         let first = args.offset.max(1) as usize - 1;
@@ -191,7 +191,7 @@ impl FileSystem for TempDirFs {
 
     fn list_dir(&self, args: ListDir) -> Result<Listing> {
         let path = self.inside(&args.path)?;
-        self.allowed(args.policy.as_ref(), Op::Read, &path)?;
+        self.allowed(args.policy.as_deref(), Op::Read, &path)?;
         let mut entries = std::fs::read_dir(&path)
             .map_err(|e| io_error(e, "list", &path))?
             .map(|entry| {
@@ -210,7 +210,7 @@ impl FileSystem for TempDirFs {
 
     fn write_text(&self, args: WriteText) -> Result<Written> {
         let path = self.inside(&args.path)?;
-        self.allowed(args.policy.as_ref(), Op::Modify, &path)?;
+        self.allowed(args.policy.as_deref(), Op::Modify, &path)?;
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| io_error(e, "create", parent))?;
         }
@@ -226,7 +226,7 @@ impl FileSystem for TempDirFs {
     }
 
     fn edit_text(&self, args: EditText) -> Result<Edited> {
-        self.allowed(args.policy.as_ref(), Op::Modify, &args.path)?;
+        self.allowed(args.policy.as_deref(), Op::Modify, &args.path)?;
         let text = self.read(&args.path)?;
         let found = text.matches(&args.old_string).count();
         if found == 0 || args.old_string.is_empty() {
@@ -290,7 +290,7 @@ mod tests {
             fs.write_text(WriteText {
                 path: root.join(name),
                 content: "x".into(),
-                policy: Some(policy(mode)),
+                policy: Some(policy(mode).into()),
             })
         };
         let refused = write(SandboxMode::ReadOnly, "a.txt").unwrap_err();
@@ -315,7 +315,7 @@ mod tests {
                 old_string: "x".into(),
                 new_string: "y".into(),
                 replace_all: false,
-                policy: Some(policy(SandboxMode::ReadOnly)),
+                policy: Some(policy(SandboxMode::ReadOnly).into()),
             })
             .unwrap_err();
         assert_eq!(edit.code, codes::FS_SANDBOX_DENIED, "{edit}");
@@ -338,7 +338,7 @@ mod tests {
                     max_bytes: 100,
                     max_line_bytes: 100,
                 },
-                policy: Some(policy(mode)),
+                policy: Some(policy(mode).into()),
             })
         };
         let e = read(SandboxMode::WorkspaceWrite).unwrap_err();

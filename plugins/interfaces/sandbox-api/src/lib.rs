@@ -52,6 +52,7 @@ use std::path::{Component, Path, PathBuf};
 use std::str::FromStr;
 
 use cordis_sdk::host::SessionEvent;
+pub use cordis_sdk::Shared;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -733,8 +734,8 @@ pub mod codes {
 pub fn policy_for_call(
     policy: &SandboxPolicyClient,
     current: Option<&cordis_sdk::host::CurrentCall>,
-    supplied: Option<SandboxExecutionPolicy>,
-) -> cordis_sdk::Result<SandboxExecutionPolicy> {
+    supplied: Option<Shared<SandboxExecutionPolicy>>,
+) -> cordis_sdk::Result<Shared<SandboxExecutionPolicy>> {
     match supplied {
         Some(p) if current.is_none_or(|c| c.isolated_caller.is_none()) => Ok(p),
         supplied => policy.resolve(ResolveArgs {
@@ -752,8 +753,10 @@ cordis_sdk::interface! {
     /// model-facing `sandbox:policy` text.
     pub trait SandboxPolicy as SandboxPolicyClient ("dsh.sandbox-policy", 1) {
         /// The full policy for one call: approved mode > session's last switch > default;
-        /// session cwd > configured workspace root.
-        fn resolve(&self, args: ResolveArgs) -> SandboxExecutionPolicy;
+        /// session cwd > configured workspace root. A [`Shared`] value: pass it on to the
+        /// `fs` and shell backends as it is (cloning it is cheap), and it crosses as the
+        /// text it came as, parsed once per plugin.
+        fn resolve(&self, args: ResolveArgs) -> Shared<SandboxExecutionPolicy>;
         /// The deployment default mode.
         fn default_mode(&self, unit: ()) -> SandboxMode;
         /// The configured fallback workspace root.

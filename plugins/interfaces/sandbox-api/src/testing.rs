@@ -19,7 +19,7 @@ use cordis_sdk::Result;
 
 use crate::{
     policy_text, ApproveHostArgs, EnforcedFamily, ResolveArgs, SandboxExecutionPolicy, SandboxMode,
-    SandboxPolicy, SandboxPolicyClient, SetModeArgs,
+    SandboxPolicy, SandboxPolicyClient, SetModeArgs, Shared,
 };
 
 /// A `sandboxPolicy` that resolves every call to one fixed policy: its mode is the call's
@@ -72,7 +72,7 @@ impl FixedPolicy {
 }
 
 impl SandboxPolicy for FixedPolicy {
-    fn resolve(&self, args: ResolveArgs) -> Result<SandboxExecutionPolicy> {
+    fn resolve(&self, args: ResolveArgs) -> Result<Shared<SandboxExecutionPolicy>> {
         let standing = args
             .session
             .as_ref()
@@ -82,7 +82,7 @@ impl SandboxPolicy for FixedPolicy {
         policy
             .approved_hosts
             .extend(self.state().approved_hosts.iter().cloned());
-        Ok(policy)
+        Ok(Shared::new(policy))
     }
 
     fn default_mode(&self, _unit: ()) -> Result<SandboxMode> {

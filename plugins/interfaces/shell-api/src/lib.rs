@@ -57,7 +57,7 @@ use std::path::PathBuf;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
+use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode, Shared};
 use serde::{Deserialize, Serialize};
 
 /// The registry name of the shell service.
@@ -93,7 +93,7 @@ pub struct ExecRequest {
     /// Cap on captured bytes of stdout and of stderr.
     pub output_limit: Option<u64>,
     /// The per-call policy; `None` means the backend's deployment default.
-    pub policy: Option<SandboxExecutionPolicy>,
+    pub policy: Option<Shared<SandboxExecutionPolicy>>,
     /// The calling tool call's cancel descriptor (`CallContext::cancel_fd`, same process):
     /// when it becomes readable or reaches end of file, the command and every process it
     /// started are killed.
