@@ -762,10 +762,21 @@ fn reads_reveal_neither_the_host_process_nor_denied_paths() {
     call(&s, &env, "list", json!({"path": "procfs/self/fd"}))
         .expect_code(1)
         .expect_output(&["FS_READ_DENIED"]);
+    // The denied paths by their names, and through aliases: a link to the file, a link to
+    // a directory above it, a `..`, and the spellings that name the same path (`.`, `//`).
+    std::os::unix::fs::symlink(&secret, s.path().join("secret-link")).expect("link");
+    std::os::unix::fs::symlink(s.path().join("keys"), s.path().join("kl")).expect("link");
+    std::fs::create_dir_all(s.path().join("open")).expect("open");
+    let ws = s.path().display().to_string();
     for path in [
         s.path().join(".env"),
         secret.clone(),
         s.path().join("keys/id"),
+        s.path().join("secret-link"),
+        s.path().join("kl/id"),
+        s.path().join("open/../keys/id"),
+        format!("{ws}/./keys/id").into(),
+        format!("{ws}//keys//id").into(),
     ] {
         let r = call(
             &s,

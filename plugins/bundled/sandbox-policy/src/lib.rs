@@ -151,6 +151,39 @@ fn check_writable_root(root: &Path, whose: &str) -> Result<()> {
 
 /// [`check_writable_root`], with the root already open as `dir` when the caller has it.
 fn check_writable_root_at(root: &Path, dir: Option<&std::fs::File>, whose: &str) -> Result<()> {
+    check_not_swallowing(root, whose)?;
+    let folds = match dir {
+        Some(dir) => case_folding(dir),
+        None => std::fs::File::open(root)
+            .ok()
+            .and_then(|dir| case_folding(&dir)),
+    };
+    match folds {
+        Some(why) => Err(not_writable_root(
+            whose,
+            root,
+            &format!("{why}, so `.GIT/hooks` would be `.git/hooks`; the sandbox compares names exactly, and its protections would not hold there"),
+            "work in a directory on a case-sensitive file system (or use `read-only`)",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The refusal of `root` (`whose`) as a `workspace-write` root, because of `why`.
+fn not_writable_root(whose: &str, root: &Path, why: &str, help: &str) -> Error {
+    Error::new(
+        codes::SANDBOX_BAD_ROOT,
+        format!(
+            "{whose} `{}` cannot be a workspace-write root: {why}",
+            root.display()
+        ),
+    )
+    .with_help(help)
+}
+
+/// Refuses a `workspace-write` root that would make the whole file system or the home
+/// directory writable (the part of [`check_writable_root`] that asks nothing of the root).
+fn check_not_swallowing(root: &Path, whose: &str) -> Result<()> {
     let swallows = if root == Path::new("/") {
         Some("the whole file system".to_string())
     } else {
@@ -158,33 +191,15 @@ fn check_writable_root_at(root: &Path, dir: Option<&std::fs::File>, whose: &str)
             .filter(|h| h != root && is_within(h, root))
             .map(|h| format!("the home directory `{}`", h.display()))
     };
-    if let Some(what) = swallows {
-        return Err(Error::new(
-            codes::SANDBOX_BAD_ROOT,
-            format!(
-                "{whose} `{}` cannot be a workspace-write root: it would make {what} writable",
-                root.display()
-            ),
-        )
-        .with_help("start the session in a project directory (or use `read-only`)"));
+    match swallows {
+        Some(what) => Err(not_writable_root(
+            whose,
+            root,
+            &format!("it would make {what} writable"),
+            "start the session in a project directory (or use `read-only`)",
+        )),
+        None => Ok(()),
     }
-    let folds = match dir {
-        Some(dir) => case_folding(dir),
-        None => std::fs::File::open(root)
-            .ok()
-            .and_then(|dir| case_folding(&dir)),
-    };
-    if let Some(why) = folds {
-        return Err(Error::new(
-            codes::SANDBOX_BAD_ROOT,
-            format!(
-                "{whose} `{}` cannot be a workspace-write root: {why}, so `.GIT/hooks` would be `.git/hooks`; the sandbox compares names exactly, and its protections would not hold there",
-                root.display()
-            ),
-        )
-        .with_help("work in a directory on a case-sensitive file system (or use `read-only`)"));
-    }
-    Ok(())
 }
 
 /// `$HOME`, canonical (`None` when unset or unresolvable); resolved again only when the
@@ -355,7 +370,9 @@ struct SessionState {
 /// A policy resolved from a [`SessionState`], and what else it was resolved from.
 struct Resolved {
     mode: SandboxMode,
-    root: (PathBuf, FileId),
+    /// The root's path, identity and change time: a root whose change time is the same is
+    /// on the same file system with the same attributes, so its case check stands.
+    root: (PathBuf, FileId, Ctime),
     policy: Shared<SandboxExecutionPolicy>,
 }
 
@@ -407,7 +424,9 @@ impl Policy {
 
     /// The policy of a session's call in `mode` rooted at `root` (checked by
     /// [`pinned_root`]), from its `state`: the one resolved last when it was for the same
-    /// mode and root, else made now. The workspace root is checked either way.
+    /// mode and root, else made now. A `workspace-write` root is checked either way; its
+    /// case check is not repeated while the root's change time stays the same (setting
+    /// the case-folding attribute changes it).
     fn session_policy(
         &self,
         state: &SessionState,
@@ -415,10 +434,12 @@ impl Policy {
         root: PinnedRoot,
     ) -> Result<Shared<SandboxExecutionPolicy>> {
         let lock = || state.last.lock().unwrap_or_else(|e| e.into_inner());
-        let same = |r: &Resolved| r.mode == mode && r.root.0 == root.path && r.root.1 == root.id;
+        let same = |r: &Resolved| {
+            r.mode == mode && r.root.0 == root.path && (r.root.1, r.root.2) == (root.id, root.ctime)
+        };
         if let Some(last) = lock().as_ref().filter(|r| same(r)) {
             if mode == SandboxMode::WorkspaceWrite {
-                check_writable_root_at(&root.path, Some(&root.dir), "the workspace root")?;
+                check_not_swallowing(&root.path, "the workspace root")?;
             }
             return Ok(last.policy.clone());
         }
@@ -430,7 +451,7 @@ impl Policy {
         )?);
         *lock() = Some(Resolved {
             mode,
-            root: (root.path, root.id),
+            root: (root.path, root.id, root.ctime),
             policy: made.clone(),
         });
         Ok(made)
@@ -772,6 +793,10 @@ fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<PinnedRoot> {
         return Err(moved("it is not a directory".to_string()));
     }
     let found = FileId::of(&meta);
+    let ctime = {
+        use std::os::unix::fs::MetadataExt;
+        (meta.ctime(), meta.ctime_nsec())
+    };
     if let Some((dev, ino)) = info.cwd_id {
         if found != (FileId { dev, ino }) {
             return Err(moved("another directory is there now".to_string()));
@@ -780,14 +805,19 @@ fn pinned_root(id: &str, info: &cordis_sdk::SessionInfo) -> Result<PinnedRoot> {
     Ok(PinnedRoot {
         path: info.cwd.clone(),
         id: found,
+        ctime,
         dir,
     })
 }
+
+/// An inode's change time (seconds and nanoseconds).
+type Ctime = (i64, i64);
 
 /// A session's root as [`pinned_root`] checked it, open.
 struct PinnedRoot {
     path: PathBuf,
     id: FileId,
+    ctime: Ctime,
     dir: std::fs::File,
 }
 

@@ -107,14 +107,30 @@ impl ReadDeny {
         }
         let real =
             fd_entry::link(opened).map_err(|e| io_error(e, "check what was opened at", path))?;
-        refuse_process_entry(&real, path)?;
+        self.check_name(&real, path)
+    }
+
+    /// Refuses the read of what `path` opened when its name, `real`, is denied.
+    fn check_name(&self, real: &Path, path: &Path) -> Result<()> {
+        refuse_process_entry(real, path)?;
         if let Some((mode, set)) = &self.denied {
-            if let Some(rule) = set.covering(&real) {
+            if let Some(rule) = set.covering(real) {
                 return Err(dsh_fs_api::read_denied(*mode, path, &rule));
             }
         }
         Ok(())
     }
+}
+
+/// `path` as the kernel names a file opened at it without following a symbolic link: the
+/// path itself, when it is absolute and plain (no `..`; `.` and repeated slashes name
+/// nothing and are dropped). `None` for any other path.
+fn plain(path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let mut components = path.components();
+    let rooted = components.next() == Some(Component::RootDir);
+    (rooted && components.all(|c| matches!(c, Component::Normal(_))))
+        .then(|| path.components().collect())
 }
 
 /// Whether `opened` lies on a `proc` file system (any mount of one); yes when that cannot
@@ -261,19 +277,34 @@ fn open_regular_at(
     let c_name = std::ffi::CString::new(name.as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-    // SAFETY: a valid C string and flags; the descriptor is owned at once.
-    let fd = unsafe {
-        libc::openat(
-            dirfd,
-            c_name.as_ptr(),
-            libc::O_PATH | libc::O_CLOEXEC | nofollow,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nothing else.
-    let handle = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    open_regular_with(
+        || {
+            // SAFETY: a valid C string and flags; the descriptor is owned at once.
+            let fd = unsafe {
+                libc::openat(
+                    dirfd,
+                    c_name.as_ptr(),
+                    libc::O_PATH | libc::O_CLOEXEC | nofollow,
+                )
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` was just opened and is owned by nothing else.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        },
+        path,
+        op,
+    )
+}
+
+/// [`open_regular_at`] with the `O_PATH` descriptor from `open_path`.
+fn open_regular_with(
+    open_path: impl FnOnce() -> io::Result<std::os::fd::OwnedFd>,
+    path: &Path,
+    op: &str,
+) -> std::result::Result<Result<(std::fs::File, u64)>, io::Error> {
+    let handle = std::fs::File::from(open_path()?);
     let meta = handle.metadata()?;
     if meta.file_type().is_symlink() {
         return Err(io::Error::from_raw_os_error(libc::ELOOP));
@@ -288,14 +319,40 @@ fn open_regular_at(
 /// Opens `path` ambiently for reading unless `deny` refuses what it names or what was
 /// opened; anything but a regular file is refused unopened. Returns the file and its
 /// reported size.
+///
+/// A [`plain`] path is opened first without following any symbolic link: when that opens,
+/// the file is named by the path itself, and the name is checked without asking the
+/// kernel for it. Any path that does not open that way (a link anywhere in it, a kernel
+/// without `openat2`, a missing file) is opened following links, and what was opened is
+/// checked by the name the kernel gives it ([`ReadDeny::check`]).
 fn open_regular(path: &Path, op: &str, deny: &ReadDeny) -> Result<(std::fs::File, u64)> {
     deny.check_path(path)?;
+    if let Some(real) = plain(path) {
+        if let Ok(opened) = open_regular_with(|| open_no_links(&real), path, op) {
+            let (file, size) = opened?;
+            deny.check_name(&real, path)?;
+            return Ok((file, size));
+        }
+    }
     let (file, size) = match open_regular_at(libc::AT_FDCWD, path.as_os_str(), true, path, op) {
         Ok(opened) => opened?,
         Err(e) => return Err(deny.open_failed(e, op, path)),
     };
     deny.check(&file, path)?;
     Ok((file, size))
+}
+
+/// An `O_PATH` descriptor of the absolute `path`, reached without following any symbolic
+/// link (magic links of `/proc` included).
+fn open_no_links(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    Ok(rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
 }
 
 /// The largest file read whole ([`read_text`], the read before an edit) and the largest
@@ -1618,6 +1675,19 @@ mod tests {
     /// entry is then refused as such (an unprivileged host's reopen of another process's
     /// entry fails with EACCES), any other failure keeps its own code, and a read through
     /// the alias that opens is refused on what was opened.
+    #[test]
+    fn a_plain_path_is_named_by_itself_and_any_other_is_not_plain() {
+        assert_eq!(
+            plain(Path::new("/a/./b//c/")),
+            Some(PathBuf::from("/a/b/c"))
+        );
+        assert_eq!(plain(Path::new("/")), Some(PathBuf::from("/")));
+        assert_eq!(plain(Path::new("/a/../b")), None);
+        assert_eq!(plain(Path::new("/a/b/..")), None);
+        assert_eq!(plain(Path::new("a/b")), None);
+        assert_eq!(plain(Path::new("./a")), None);
+    }
+
     #[test]
     fn a_process_entry_behind_an_alias_is_refused_whether_or_not_it_opens() {
         let tmp = tempfile::tempdir().unwrap();
