@@ -4,7 +4,7 @@
 //! enforcing families, and the model-facing `sandbox:policy` text.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -821,17 +821,11 @@ struct PinnedRoot {
     dir: std::fs::File,
 }
 
-/// `path` opened as a directory when it is absolute, plain (no `.` or `..`) and no
+/// `path` opened as a directory when it is plain ([`dsh_sandbox::plain_path`]) and no
 /// component of it is a symlink; `None` otherwise or where the kernel lacks `openat2`.
 fn open_no_links(path: &Path) -> Option<std::fs::File> {
     use rustix::fs::{OFlags, ResolveFlags};
-    let plain = path.is_absolute()
-        && path
-            .components()
-            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-    if !plain {
-        return None;
-    }
+    dsh_sandbox::plain_path(path)?;
     rustix::fs::openat2(
         rustix::fs::CWD,
         path,

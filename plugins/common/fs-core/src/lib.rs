@@ -122,17 +122,6 @@ impl ReadDeny {
     }
 }
 
-/// `path` as the kernel names a file opened at it without following a symbolic link: the
-/// path itself, when it is absolute and plain (no `..`; `.` and repeated slashes name
-/// nothing and are dropped). `None` for any other path.
-fn plain(path: &Path) -> Option<PathBuf> {
-    use std::path::Component;
-    let mut components = path.components();
-    let rooted = components.next() == Some(Component::RootDir);
-    (rooted && components.all(|c| matches!(c, Component::Normal(_))))
-        .then(|| path.components().collect())
-}
-
 /// Whether `opened` lies on a `proc` file system (any mount of one); yes when that cannot
 /// be told, so the caller checks by name.
 fn on_procfs(opened: &impl std::os::fd::AsFd) -> bool {
@@ -320,14 +309,14 @@ fn open_regular_with(
 /// opened; anything but a regular file is refused unopened. Returns the file and its
 /// reported size.
 ///
-/// A [`plain`] path is opened first without following any symbolic link: when that opens,
+/// A plain path ([`dsh_sandbox::plain_path`]) is opened first without following any symbolic link: when that opens,
 /// the file is named by the path itself, and the name is checked without asking the
 /// kernel for it. Any path that does not open that way (a link anywhere in it, a kernel
 /// without `openat2`, a missing file) is opened following links, and what was opened is
 /// checked by the name the kernel gives it ([`ReadDeny::check`]).
 fn open_regular(path: &Path, op: &str, deny: &ReadDeny) -> Result<(std::fs::File, u64)> {
     deny.check_path(path)?;
-    if let Some(real) = plain(path) {
+    if let Some(real) = dsh_sandbox::plain_path(path) {
         if let Ok(opened) = open_regular_with(|| open_no_links(&real), path, op) {
             let (file, size) = opened?;
             deny.check_name(&real, path)?;
@@ -1675,19 +1664,6 @@ mod tests {
     /// entry is then refused as such (an unprivileged host's reopen of another process's
     /// entry fails with EACCES), any other failure keeps its own code, and a read through
     /// the alias that opens is refused on what was opened.
-    #[test]
-    fn a_plain_path_is_named_by_itself_and_any_other_is_not_plain() {
-        assert_eq!(
-            plain(Path::new("/a/./b//c/")),
-            Some(PathBuf::from("/a/b/c"))
-        );
-        assert_eq!(plain(Path::new("/")), Some(PathBuf::from("/")));
-        assert_eq!(plain(Path::new("/a/../b")), None);
-        assert_eq!(plain(Path::new("/a/b/..")), None);
-        assert_eq!(plain(Path::new("a/b")), None);
-        assert_eq!(plain(Path::new("./a")), None);
-    }
-
     #[test]
     fn a_process_entry_behind_an_alias_is_refused_whether_or_not_it_opens() {
         let tmp = tempfile::tempdir().unwrap();

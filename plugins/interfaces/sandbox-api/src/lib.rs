@@ -378,6 +378,17 @@ pub fn canonical_path(path: &Path) -> std::io::Result<PathBuf> {
     }
 }
 
+/// `path` as the kernel names a file opened at it without following a symbolic link: the
+/// path itself, when it is absolute and plain (no `..`; `.` and repeated slashes name
+/// nothing and are dropped). `None` for any other path. Opened with `openat2` and
+/// `RESOLVE_NO_SYMLINKS`, such a path names exactly what it opens.
+pub fn plain_path(path: &Path) -> Option<PathBuf> {
+    let mut components = path.components();
+    let rooted = components.next() == Some(Component::RootDir);
+    (rooted && components.all(|c| matches!(c, Component::Normal(_))))
+        .then(|| path.components().collect())
+}
+
 /// `path` is `root` or beneath it (component-wise: `/ws-evil` is not beneath `/ws`).
 pub fn is_within(path: &Path, root: &Path) -> bool {
     path.starts_with(root)
@@ -788,6 +799,17 @@ mod tests {
             kind: kind.into(),
             data: serde_json::json!({ "mode": mode }),
         }
+    }
+
+    #[test]
+    fn a_plain_path_is_named_by_itself_and_any_other_is_not_plain() {
+        let plain = |p: &str| plain_path(Path::new(p));
+        assert_eq!(plain("/a/./b//c/"), Some(PathBuf::from("/a/b/c")));
+        assert_eq!(plain("/"), Some(PathBuf::from("/")));
+        assert_eq!(plain("/a/../b"), None);
+        assert_eq!(plain("/a/b/.."), None);
+        assert_eq!(plain("a/b"), None);
+        assert_eq!(plain("./a"), None);
     }
 
     #[test]
