@@ -807,6 +807,96 @@ fn reads_reveal_neither_the_host_process_nor_denied_paths() {
         .expect_output(&["visible"]);
 }
 
+/// A `proc` file system is the same kernel object wherever it is mounted: a container's
+/// `/host/proc`, or one process's directory bound as the root of a mount, reveals the host
+/// process as `/proc` itself would. `cordis call` runs in a private user and mount
+/// namespace (`unshare`) where the workspace holds `/proc` bound at `p` and the host's own
+/// `/proc/<pid>` bound at `me`; every read, list and edit of a process's entries through
+/// them is refused: by a plain path, through `self`, and by the directory that is a
+/// mount's root.
+#[test]
+fn a_proc_file_system_mounted_elsewhere_reveals_no_process() {
+    let s = Scratch::with_bundled_manifest();
+    for dir in ["p", "me"] {
+        std::fs::create_dir(s.path().join(dir)).expect("mount point");
+    }
+    std::fs::write(s.path().join("plain.txt"), "visible").expect("plain");
+    // `$$` is the shell's pid, which `exec` hands to `cordis`; `@PID@` in the arguments
+    // is replaced by it.
+    const SCRIPT: &str = "set -e\nmount --rbind /proc p\nmount --rbind /proc/$$ me\n\
+                          args=$(printf '%s' \"$1\" | sed \"s/@PID@/$$/g\")\nshift\n\
+                          exec \"$@\" \"$args\"";
+    let call_unshared = |tool: &str, args: Value| {
+        let cordis = s.cordis(&["call", tool]);
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "--",
+            "sh",
+            "-c",
+            SCRIPT,
+            "sh",
+        ])
+        .arg(args.to_string())
+        .arg(cordis.get_program())
+        .args(cordis.get_args())
+        .current_dir(s.path())
+        .env("CORDIS_E2E_API_TOKEN", "s3cret-host-env")
+        .stdin(std::process::Stdio::null());
+        for (key, value) in cordis.get_envs() {
+            match value {
+                Some(value) => cmd.env(key, value),
+                None => cmd.env_remove(key),
+            };
+        }
+        let r = run(cmd, &format!("cordis call {tool} {args} (unshared)"), &s);
+        assert!(
+            !r.stderr().contains("unshare:") && !r.stderr().contains("mount:"),
+            "this test needs user and mount namespaces (`unshare --user --mount`), which this \
+             machine refused: it cannot run here\n{}",
+            r.context()
+        );
+        r
+    };
+    for path in [
+        "p/@PID@/environ",
+        "p/@PID@/status",
+        "p/self/environ",
+        "me/environ",
+        "me/status",
+        "p/thread-self/environ",
+    ] {
+        let r = call_unshared("read", json!({ "path": path }));
+        r.expect_code(1)
+            .expect_output(&["FS_READ_DENIED", "entry of a process"]);
+        assert!(!r.stdout().contains("s3cret"), "{}", r.context());
+    }
+    for path in ["p/@PID@/fd", "me/fd", "me/task"] {
+        call_unshared("list", json!({ "path": path }))
+            .expect_code(1)
+            .expect_output(&["FS_READ_DENIED", "entry of a process"]);
+    }
+    // An edit's search would tell whether a guessed text is in the entry: refused before.
+    for path in ["p/@PID@/environ", "me/environ"] {
+        let edit = json!({"path": path, "old_string": "CORDIS_E2E_API_TOKEN=s", "new_string": "x"});
+        call_unshared("edit", edit)
+            .expect_code(1)
+            .expect_output(&["FS_READ_DENIED", "entry of a process"]);
+    }
+    // What is not a process's is still served, through the same mounts.
+    call_unshared("read", json!({"path": "p/version"}))
+        .expect_code(0)
+        .expect_output(&["Linux"]);
+    call_unshared("list", json!({"path": "p/sys"}))
+        .expect_code(0)
+        .expect_output(&["kernel"]);
+    call_unshared("read", json!({"path": "plain.txt"}))
+        .expect_code(0)
+        .expect_output(&["visible"]);
+}
+
 /// The host's state directory holds every session's log (its root and history) and the
 /// HTTP server's bearer token: it is created `0700` (an existing looser one is tightened),
 /// logs `0600`, and no session reads any of it, through `bash` or `read`.

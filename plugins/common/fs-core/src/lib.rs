@@ -100,21 +100,46 @@ impl ReadDeny {
 
     /// Refuses the read of `opened`, opened at `path`, when what it is denies it.
     pub fn check(&self, opened: &impl std::os::fd::AsFd, path: &Path) -> Result<()> {
-        // Without `denyRead` only a process's `/proc` entries are refused, and only a file
-        // of a `proc` file system can be one: anything else needs no walk of its name.
-        if self.denied.is_none() && !on_procfs(opened) {
-            return Ok(());
-        }
-        let real =
-            fd_entry::link(opened).map_err(|e| io_error(e, "check what was opened at", path))?;
-        self.check_name(&real, path)
+        self.check_named(opened.as_fd(), None, path)
     }
 
-    /// Refuses the read of what `path` opened when its name, `real`, is denied.
-    fn check_name(&self, real: &Path, path: &Path) -> Result<()> {
-        refuse_process_entry(real, path)?;
+    /// [`ReadDeny::check`] of `opened`, whose name is `name` when it is known without
+    /// asking the kernel (a plain path opened following no link), else what its
+    /// `/proc/self/fd` entry names.
+    ///
+    /// A file of a `proc` file system is also judged by where it lies in that file system,
+    /// whatever its mount point: a `proc` mounted at `/host/proc`, or a process's directory
+    /// bound as the root of a mount, is the same kernel object as `/proc` itself. When
+    /// that cannot be told, the read is refused.
+    fn check_named(
+        &self,
+        opened: std::os::fd::BorrowedFd<'_>,
+        name: Option<&Path>,
+        path: &Path,
+    ) -> Result<()> {
+        if let Some(real) = name {
+            refuse_process_entry(real, path)?;
+        }
+        // Without `denyRead` only a process's `/proc` entries are refused, and only a file
+        // of a `proc` file system can be one: anything else needs no name.
+        let on_proc = on_procfs(&opened);
+        if self.denied.is_none() && !on_proc {
+            return Ok(());
+        }
+        let real = match name {
+            Some(real) => std::borrow::Cow::Borrowed(real),
+            None => std::borrow::Cow::Owned(
+                fd_entry::link(opened)
+                    .map_err(|e| io_error(e, "check what was opened at", path))?,
+            ),
+        };
+        refuse_process_entry(&real, path)?;
+        if on_proc {
+            let inside = proc_position(opened, &real).ok_or_else(|| unplaced_proc_file(path))?;
+            refuse_process_entry(&inside, path)?;
+        }
         if let Some((mode, set)) = &self.denied {
-            if let Some(rule) = set.covering(real) {
+            if let Some(rule) = set.covering(&real) {
                 return Err(dsh_fs_api::read_denied(*mode, path, &rule));
             }
         }
@@ -130,6 +155,75 @@ fn on_procfs(opened: &impl std::os::fd::AsFd) -> bool {
     // `f_type`'s width differs between targets.
     #[allow(clippy::unnecessary_cast)]
     rustix::fs::fstatfs(opened).map_or(true, |s| s.f_type as i64 == PROC)
+}
+
+/// Where `opened`, a file of a `proc` file system named `real`, lies in that file system,
+/// spelled beneath `/proc`: the root of its mount (`/proc/self/mountinfo`, found by the
+/// mount's id) joined with what of `real` lies below the mount point. `None` when that
+/// cannot be told (no mount id, a mount gone since the open, a name outside its mount).
+fn proc_position(opened: std::os::fd::BorrowedFd<'_>, real: &Path) -> Option<PathBuf> {
+    use rustix::fs::{AtFlags, StatxFlags};
+    let stat = rustix::fs::statx(opened, "", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID).ok()?;
+    if stat.stx_mask & StatxFlags::MNT_ID.bits() == 0 {
+        return None;
+    }
+    let table = std::fs::read("/proc/self/mountinfo").ok()?;
+    let (root, point) = mount_of(&table, stat.stx_mnt_id)?;
+    let below = real.strip_prefix(&point).ok()?;
+    Some(
+        Path::new("/proc")
+            .join(root.strip_prefix("/").ok()?)
+            .join(below),
+    )
+}
+
+/// The root (within its file system) and the mount point of mount `id` in `table`, the
+/// text of a `mountinfo` file: `ID PARENT MAJOR:MINOR ROOT POINT ...`, each path with
+/// space, tab, newline and backslash escaped in octal.
+fn mount_of(table: &[u8], id: u64) -> Option<(PathBuf, PathBuf)> {
+    use std::os::unix::ffi::OsStringExt;
+    let unescape = |field: &[u8]| {
+        let mut out = Vec::with_capacity(field.len());
+        let mut i = 0;
+        while i < field.len() {
+            let octal = field
+                .get(i + 1..i + 4)
+                .filter(|d| field[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+            match octal {
+                Some(d) => {
+                    let value = d.iter().fold(0u32, |n, b| n * 8 + u32::from(b - b'0'));
+                    out.push(u8::try_from(value).ok()?);
+                    i += 4;
+                }
+                None => {
+                    out.push(field[i]);
+                    i += 1;
+                }
+            }
+        }
+        Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
+    };
+    table.split(|&b| b == b'\n').find_map(|line| {
+        let mut fields = line.split(|&b| b == b' ');
+        let this: u64 = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+        if this != id {
+            return None;
+        }
+        let mut fields = fields.skip(2);
+        Some((unescape(fields.next()?)?, unescape(fields.next()?)?))
+    })
+}
+
+/// The refusal of a read of a `proc` file system's file whose place in it cannot be told.
+fn unplaced_proc_file(path: &Path) -> Error {
+    Error::new(
+        codes::FS_READ_DENIED,
+        format!(
+            "cannot read `{}`: it is a file of a `proc` file system, and where it lies in that file system (whether it is the entry of a process) could not be told",
+            path.display()
+        ),
+    )
+    .with_help("a process's own /proc entries are never served; other files of a proc file system are read where its mount is listed in /proc/self/mountinfo")
 }
 
 /// Refuses `real` (what `path` names) when it lies beneath a process's `/proc` entry.
@@ -319,7 +413,7 @@ fn open_regular(path: &Path, op: &str, deny: &ReadDeny) -> Result<(std::fs::File
     if let Some(real) = dsh_sandbox::plain_path(path) {
         if let Ok(opened) = open_regular_with(|| open_no_links(&real), path, op) {
             let (file, size) = opened?;
-            deny.check_name(&real, path)?;
+            deny.check_named(std::os::fd::AsFd::as_fd(&file), Some(&real), path)?;
             return Ok((file, size));
         }
     }
@@ -1015,6 +1109,9 @@ impl Target {
             }
             Err(e) => return Err(self.err(e, "read")),
         };
+        // A process's `/proc` entry is never read, in any mode: an edit's "not found"
+        // would tell whether a guessed text is in it.
+        ReadDeny::default().check(&file, &self.path)?;
         if size > WHOLE_FILE_MAX_BYTES {
             return Err(too_large(&self.path, "the file"));
         }
@@ -1658,6 +1755,41 @@ mod tests {
         .unwrap();
         let pipe = read_text(&fifo, &ReadDeny::default()).unwrap_err();
         assert!(help(&pipe).contains("timeout 5 head"), "{pipe}");
+    }
+
+    /// A mount is found by its id, and its root and mount point are unescaped (`\\040` is
+    /// a space, `\\134` a backslash); a backslash not followed by three octal digits is
+    /// itself, and an id not in the table is no mount.
+    #[test]
+    fn a_mount_is_found_by_id_with_its_paths_unescaped() {
+        let table = b"22 1 0:21 / /proc rw,nosuid - proc proc rw\n\
+                      67 46 0:21 /31804 /srv/my\\040procs\\134x rw - proc proc rw\n\
+                      68 46 0:21 /a\\9b /odd rw - proc proc rw\n";
+        let found = |id| {
+            mount_of(table, id).map(|(r, p)| (r.display().to_string(), p.display().to_string()))
+        };
+        assert_eq!(found(22), Some(("/".into(), "/proc".into())));
+        assert_eq!(
+            found(67),
+            Some(("/31804".into(), "/srv/my procs\\x".into()))
+        );
+        assert_eq!(found(68), Some(("/a\\9b".into(), "/odd".into())));
+        assert_eq!(found(6), None);
+        assert_eq!(found(2), None);
+    }
+
+    /// An edit reads the file before it writes: a process's `/proc` entry is refused
+    /// there, in any mode, before its text is searched (the search's "not found" would tell
+    /// whether a guessed text is in it), and the file is left as it was.
+    #[test]
+    fn an_edit_never_searches_a_process_entry() {
+        for path in ["/proc/self/environ", "/proc/thread-self/comm"] {
+            let target =
+                Target::ambient(&resolve(Path::new(path)).unwrap(), Parents::Existing).unwrap();
+            let err = target.edit("PATH=", "x", false).unwrap_err();
+            assert_eq!(err.code, codes::FS_READ_DENIED, "{path}: {err}");
+            assert!(err.message.contains("entry of a process"), "{path}: {err}");
+        }
     }
 
     /// A read's path is resolved only when its open fails: an alias of a process's `/proc`
