@@ -12,7 +12,7 @@
 //!   editors save (write beside, rename).
 //!
 //! Run with `cargo bench -p cordis-e2e --bench serve` (`-- read`, `-- reload` or `-- cargo`
-//! for one part). Distributions of whole requests are
+//! for one part; `-- in-process` runs the in-process `read` calls alone, for a profiler). Distributions of whole requests are
 //! timed directly (criterion's per-iteration model does not give p99 of a live server).
 
 use std::time::{Duration, Instant};
@@ -38,20 +38,7 @@ fn read_round_trips() {
     mcp.finish();
 
     let rt = s.runtime();
-    let session = rt.sessions().create(&s.path()).expect("session");
-    let call = CallContext {
-        session,
-        call_id: "bench".into(),
-        cancel_fd: None,
-        progress_fd: None,
-    };
-    let mut in_process = Vec::with_capacity(CALLS);
-    for _ in 0..CALLS {
-        let t = Instant::now();
-        let r = rt.call_tool("read", &call, &args).expect("read");
-        in_process.push(t.elapsed().as_nanos() as f64);
-        assert!(!r.is_error, "{}", r.text);
-    }
+    let in_process = in_process_reads(&rt, &s, &args);
     // What the host's argument check adds to every call (part of both figures above).
     let slot = rt.inspect(|c| c.registry().tool("read").cloned().expect("read"));
     let mut checks = Vec::with_capacity(CALLS);
@@ -416,19 +403,64 @@ fn isolation_overhead() {
 
 /// `cargo bench -p cordis-e2e --bench serve [-- read|reload|cargo|isolated ...]`: the named
 /// parts, or all of them.
+/// [`CALLS`] in-process `read` calls of `args` through `rt` in a new session rooted at
+/// `s`, each timed (nanoseconds).
+fn in_process_reads(
+    rt: &cordis_engine::Runtime,
+    s: &Scratch,
+    args: &serde_json::Value,
+) -> Vec<f64> {
+    let session = rt.sessions().create(&s.path()).expect("session");
+    let call = CallContext {
+        session,
+        call_id: "bench".into(),
+        cancel_fd: None,
+        progress_fd: None,
+    };
+    let mut times = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        let r = rt.call_tool("read", &call, args).expect("read");
+        times.push(t.elapsed().as_nanos() as f64);
+        assert!(!r.is_error, "{}", r.text);
+    }
+    times
+}
+
+/// The in-process `read` alone, nothing else in the process's run: the part to run under
+/// a profiler (`perf record`, or `valgrind --tool=callgrind
+/// --toggle-collect='cordis_engine::runtime::Runtime::call_tool*'` for the instructions
+/// of the calls themselves).
+fn in_process_only() {
+    let s = Scratch::with_bundled_manifest();
+    s.write("data.txt", &"0123456789abcdef".repeat(256));
+    let rt = s.runtime();
+    let times = in_process_reads(&rt, &s, &serde_json::json!({ "path": "data.txt" }));
+    rt.shutdown();
+    let (p50, p99) = summarize(times);
+    println!(
+        "in-process read of a 4 KiB file, {CALLS} calls: p50 {:>10}  p99 {:>10}",
+        human(p50),
+        human(p99)
+    );
+}
+
 fn main() {
     let wanted: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let parts: [(&str, fn()); 4] = [
+    let parts: [(&str, fn()); 5] = [
         ("read", read_round_trips),
+        ("in-process", in_process_only),
         ("reload", reload_latency),
         ("cargo", cargo_build_reload),
         ("isolated", isolation_overhead),
     ];
     for (name, part) in parts {
-        if wanted.is_empty() || wanted.iter().any(|w| w == name) {
+        // `in-process` is a part of `read`, run alone only when asked for.
+        let by_default = name != "in-process";
+        if (wanted.is_empty() && by_default) || wanted.iter().any(|w| w == name) {
             part();
         }
     }

@@ -1122,6 +1122,7 @@ pub fn write_sdk_manifest(copy: &Path, manifest: &str, version: &str) {
             "json-escape-simd.workspace = true",
             "json-escape-simd = \"3\"",
         )
+        .replace("memchr.workspace = true", "memchr = \"2\"")
         .replace("tracing.workspace = true", "tracing = \"0.1\"");
     assert!(!manifest.contains(".workspace"), "{manifest}");
     std::fs::write(copy.join("Cargo.toml"), manifest).unwrap();

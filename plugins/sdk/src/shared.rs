@@ -2,7 +2,6 @@
 //! once per plugin.
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -127,11 +126,21 @@ where
         if !std::any::type_name::<D>().contains("serde_json::de::Deserializer") {
             return T::deserialize(deserializer).map(Shared::new);
         }
-        let raw = Box::<RawValue>::deserialize(deserializer)?;
-        let json = raw.get();
+        // Text read from memory is borrowed (copied only when it is kept); from a reader
+        // it is taken whole.
+        let name = std::any::type_name::<D>();
+        let boxed;
+        let json = if name.contains("StrRead") || name.contains("SliceRead") {
+            <&'de RawValue>::deserialize(deserializer)?.get()
+        } else {
+            boxed = Box::<RawValue>::deserialize(deserializer)?;
+            boxed.get()
+        };
         // Text over several lines is sent again as encoded here, never as received: a line
         // of a line-delimited stream stays one line.
-        if json.len() > Self::MAX_CACHED_BYTES || json.contains(['\n', '\r']) {
+        if json.len() > Self::MAX_CACHED_BYTES
+            || memchr::memchr2(b'\n', b'\r', json.as_bytes()).is_some()
+        {
             return serde_json::from_str(json)
                 .map(Shared::new)
                 .map_err(D::Error::custom);
@@ -143,7 +152,7 @@ where
         let value: T = serde_json::from_str(json).map_err(D::Error::custom)?;
         let shared = Shared(Arc::new(Inner {
             value,
-            json: OnceLock::from(Box::<str>::from(raw)),
+            json: OnceLock::from(Box::<str>::from(json)),
         }));
         lock(cache).keep(shared.clone());
         Ok(shared)
@@ -194,11 +203,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The cache of received values of type `T` in this plugin (each plugin links its own copy
 /// of the SDK, so each has its own).
 fn cache<T: Send + Sync + 'static>() -> &'static Mutex<Recent<T>> {
-    type Caches = HashMap<TypeId, &'static (dyn Any + Send + Sync)>;
-    static CACHES: OnceLock<Mutex<Caches>> = OnceLock::new();
-    let any = *lock(CACHES.get_or_init(Default::default))
-        .entry(TypeId::of::<T>())
-        .or_insert_with(|| Box::leak(Box::new(Mutex::new(Recent::<T>(Vec::new())))));
+    // A few types at most: a list is searched faster than a map is hashed.
+    type Caches = Vec<(TypeId, &'static (dyn Any + Send + Sync))>;
+    static CACHES: Mutex<Caches> = Mutex::new(Vec::new());
+    let mut caches = lock(&CACHES);
+    let any = match caches.iter().find(|(id, _)| *id == TypeId::of::<T>()) {
+        Some((_, any)) => *any,
+        None => {
+            let any: &'static (dyn Any + Send + Sync) =
+                Box::leak(Box::new(Mutex::new(Recent::<T>(Vec::new()))));
+            caches.push((TypeId::of::<T>(), any));
+            any
+        }
+    };
     any.downcast_ref::<Mutex<Recent<T>>>()
         .expect("the cache of a type holds that type's values")
 }
@@ -246,6 +263,17 @@ mod tests {
         // Through a deserializer that is not `serde_json`'s parser.
         let from_value: Args = serde_json::from_value(plain).unwrap();
         assert_eq!(from_value, args);
+        // From bytes (the text borrowed) and from a reader (the text taken whole): the
+        // same value, the same text, the same kept value.
+        let from_slice: Args = serde_json::from_slice(sent.as_bytes()).unwrap();
+        let from_reader: Args = serde_json::from_reader(sent.as_bytes()).unwrap();
+        for got in [&from_slice, &from_reader] {
+            assert_eq!(*got, args);
+            assert_eq!(serde_json::to_string(got).unwrap(), sent);
+        }
+        let kept = |a: &Args| a.policy.clone().unwrap().0;
+        assert!(Arc::ptr_eq(&kept(&from_slice), &kept(&back)));
+        assert!(Arc::ptr_eq(&kept(&from_reader), &kept(&back)));
     }
 
     #[test]

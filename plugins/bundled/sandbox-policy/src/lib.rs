@@ -224,10 +224,23 @@ fn case_folding(dir: &std::fs::File) -> Option<&'static str> {
     // `f_type`'s width differs between targets.
     #[allow(clippy::unnecessary_cast)]
     let fs_type = rustix::fs::fstatfs(dir).ok().map(|s| s.f_type as i64);
-    let flags = rustix::fs::ioctl_getflags(dir)
+    folds_case(fs_type, inode_flags(dir))
+}
+
+/// The inode flags of directory `dir` (`FS_IOC_GETFLAGS`), through a readable descriptor
+/// of it: the pinned root is held as an `O_PATH` handle, which `ioctl` refuses.
+fn inode_flags(dir: &std::fs::File) -> Option<u64> {
+    use rustix::fs::{Mode, OFlags};
+    let readable = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    rustix::fs::ioctl_getflags(&readable)
         .ok()
-        .map(|f| u64::from(f.bits()));
-    folds_case(fs_type, flags)
+        .map(|f| u64::from(f.bits()))
 }
 
 /// The seam of [`case_folding`]: from a `statfs` type and the directory's inode flags.
@@ -821,15 +834,17 @@ struct PinnedRoot {
     dir: std::fs::File,
 }
 
-/// `path` opened as a directory when it is plain ([`dsh_sandbox::plain_path`]) and no
-/// component of it is a symlink; `None` otherwise or where the kernel lacks `openat2`.
+/// `path` opened as a directory (an `O_PATH` handle: nothing is read through it, and
+/// such an open and its close cost less) when it is plain ([`dsh_sandbox::plain_path`])
+/// and no component of it is a symlink; `None` otherwise or where the kernel lacks
+/// `openat2`.
 fn open_no_links(path: &Path) -> Option<std::fs::File> {
     use rustix::fs::{OFlags, ResolveFlags};
     dsh_sandbox::plain_path(path)?;
     rustix::fs::openat2(
         rustix::fs::CWD,
         path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
         ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
@@ -1047,5 +1062,28 @@ mod tests {
         // This machine's own temp directory is case-sensitive: the real call agrees.
         let tmp = std::env::temp_dir().canonicalize().unwrap();
         assert_eq!(case_folding(&std::fs::File::open(&tmp).unwrap()), None);
+    }
+
+    /// The pinned root is held as an `O_PATH` handle: its inode flags (where `+F` shows)
+    /// are still read, through a readable descriptor of the same directory.
+    #[test]
+    fn the_flags_of_a_pinned_root_are_read_through_its_handle() {
+        let root = std::env::temp_dir()
+            .canonicalize()
+            .unwrap()
+            .join(format!("cordis-pinned-{}", std::process::id()));
+        std::fs::create_dir(&root).unwrap();
+        let pinned = open_no_links(&root).expect("a plain directory opens");
+        assert!(
+            inode_flags(&pinned).is_some(),
+            "FS_IOC_GETFLAGS of {} answered nothing",
+            root.display()
+        );
+        let other = root.join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::os::unix::fs::symlink(&other, root.join("link")).unwrap();
+        let through_link = open_no_links(&root.join("link"));
+        std::fs::remove_dir_all(&root).unwrap();
+        assert!(through_link.is_none(), "a link is followed");
     }
 }
