@@ -807,13 +807,54 @@ fn reads_reveal_neither_the_host_process_nor_denied_paths() {
         .expect_output(&["visible"]);
 }
 
+/// `cordis call TOOL ARGS` in `s`, run in a private user and mount namespace (`unshare`)
+/// after the shell commands `mounts` (run in `s`); `$$` is the shell's pid, which `exec`
+/// hands to `cordis`, and `@PID@` in `args` is replaced by it. The host's environment
+/// holds a credential (`s3cret-host-env`).
+fn call_unshared(s: &Scratch, mounts: &str, tool: &str, args: Value) -> cordis_e2e::Run {
+    let script = format!(
+        "set -e\n{mounts}\nargs=$(printf '%s' \"$1\" | sed \"s/@PID@/$$/g\")\nshift\nexec \"$@\" \"$args\""
+    );
+    let cordis = s.cordis(&["call", tool]);
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "--",
+        "sh",
+        "-c",
+        &script,
+        "sh",
+    ])
+    .arg(args.to_string())
+    .arg(cordis.get_program())
+    .args(cordis.get_args())
+    .current_dir(s.path())
+    .env("CORDIS_E2E_API_TOKEN", "s3cret-host-env")
+    .stdin(std::process::Stdio::null());
+    for (key, value) in cordis.get_envs() {
+        match value {
+            Some(value) => cmd.env(key, value),
+            None => cmd.env_remove(key),
+        };
+    }
+    let r = run(cmd, &format!("cordis call {tool} {args} (unshared)"), s);
+    assert!(
+        !r.stderr().contains("unshare:") && !r.stderr().contains("mount:"),
+        "this test needs user and mount namespaces (`unshare --user --mount`), which this \
+         machine refused: it cannot run here\n{}",
+        r.context()
+    );
+    r
+}
+
 /// A `proc` file system is the same kernel object wherever it is mounted: a container's
 /// `/host/proc`, or one process's directory bound as the root of a mount, reveals the host
-/// process as `/proc` itself would. `cordis call` runs in a private user and mount
-/// namespace (`unshare`) where the workspace holds `/proc` bound at `p` and the host's own
-/// `/proc/<pid>` bound at `me`; every read, list and edit of a process's entries through
-/// them is refused: by a plain path, through `self`, and by the directory that is a
-/// mount's root.
+/// process as `/proc` itself would. With `/proc` bound at `p` in the workspace and the
+/// host's own `/proc/<pid>` bound at `me`, every read, list and edit of a process's
+/// entries through them is refused: by a plain path, through `self`, and by the directory
+/// that is a mount's root.
 #[test]
 fn a_proc_file_system_mounted_elsewhere_reveals_no_process() {
     let s = Scratch::with_bundled_manifest();
@@ -821,45 +862,8 @@ fn a_proc_file_system_mounted_elsewhere_reveals_no_process() {
         std::fs::create_dir(s.path().join(dir)).expect("mount point");
     }
     std::fs::write(s.path().join("plain.txt"), "visible").expect("plain");
-    // `$$` is the shell's pid, which `exec` hands to `cordis`; `@PID@` in the arguments
-    // is replaced by it.
-    const SCRIPT: &str = "set -e\nmount --rbind /proc p\nmount --rbind /proc/$$ me\n\
-                          args=$(printf '%s' \"$1\" | sed \"s/@PID@/$$/g\")\nshift\n\
-                          exec \"$@\" \"$args\"";
-    let call_unshared = |tool: &str, args: Value| {
-        let cordis = s.cordis(&["call", tool]);
-        let mut cmd = Command::new("unshare");
-        cmd.args([
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--",
-            "sh",
-            "-c",
-            SCRIPT,
-            "sh",
-        ])
-        .arg(args.to_string())
-        .arg(cordis.get_program())
-        .args(cordis.get_args())
-        .current_dir(s.path())
-        .env("CORDIS_E2E_API_TOKEN", "s3cret-host-env")
-        .stdin(std::process::Stdio::null());
-        for (key, value) in cordis.get_envs() {
-            match value {
-                Some(value) => cmd.env(key, value),
-                None => cmd.env_remove(key),
-            };
-        }
-        let r = run(cmd, &format!("cordis call {tool} {args} (unshared)"), &s);
-        assert!(
-            !r.stderr().contains("unshare:") && !r.stderr().contains("mount:"),
-            "this test needs user and mount namespaces (`unshare --user --mount`), which this \
-             machine refused: it cannot run here\n{}",
-            r.context()
-        );
-        r
-    };
+    let mounts = "mount --rbind /proc p\nmount --rbind /proc/$$ me";
+    let call_unshared = |tool: &str, args: Value| call_unshared(&s, mounts, tool, args);
     for path in [
         "p/@PID@/environ",
         "p/@PID@/status",
@@ -895,6 +899,32 @@ fn a_proc_file_system_mounted_elsewhere_reveals_no_process() {
     call_unshared("read", json!({"path": "plain.txt"}))
         .expect_code(0)
         .expect_output(&["visible"]);
+}
+
+/// A sandboxed command's own `/proc` shows its own processes only; a `proc` file system
+/// mounted elsewhere (here `/proc` bound at a directory outside the workspace, as a
+/// container's `/host/proc`) would show the host's: in the command's view it is an empty
+/// directory, while its own `/proc` still works.
+#[test]
+fn a_sandboxed_command_sees_no_proc_file_system_mounted_elsewhere() {
+    let s = Scratch::with_bundled_manifest();
+    let outside = Outside::new("host-proc");
+    let host_proc = outside.dir.join("proc");
+    std::fs::create_dir(&host_proc).expect("mount point");
+    let hp = host_proc.display();
+    let command = format!(
+        "echo entries=$(ls -A {hp} | wc -l); test -e {hp}/@PID@/status && echo HOST-VISIBLE; \
+         cat {hp}/@PID@/status; test -e /proc/self/status && echo own=yes"
+    );
+    let r = call_unshared(
+        &s,
+        &format!("mount --rbind /proc '{hp}'"),
+        "bash",
+        json!({ "command": command }),
+    );
+    r.expect_code(0).expect_output(&["entries=0", "own=yes"]);
+    assert!(!r.stdout().contains("HOST-VISIBLE"), "{}", r.context());
+    assert!(!r.stdout().contains("Name:"), "{}", r.context());
 }
 
 /// The host's state directory holds every session's log (its root and history) and the
@@ -1070,4 +1100,29 @@ fn absent_plugin_directories_in_the_root_cannot_be_created() {
     assert!(!s.path().join("prefix/lib").exists());
     assert!(!home.join(".local").exists());
     assert_eq!(read(&s.path().join("free.txt")), b"free\n");
+}
+
+/// `denyRead` may list a directory and a path inside it: the command runs with the
+/// directory hidden (what is inside is hidden with it), and neither is readable.
+#[test]
+fn nested_deny_read_paths_hide_both_and_the_command_runs() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path().join("secret")).expect("secret dir");
+    std::fs::write(s.path().join("secret/key"), "s3cret-key").expect("key");
+    std::fs::write(s.path().join("plain.txt"), "visible").expect("plain");
+    s.manifest(&format!(
+        "- name: dsh-sandbox-policy\n  config:\n    mode: workspace-write\n    denyRead: ['{}', '{}']\n\
+         - name: dsh-fs-sandbox\n- name: dsh-bash-sandbox\n- name: dsh-tool-fs\n- name: dsh-tool-bash\n",
+        s.path().join("secret").display(),
+        s.path().join("secret/key").display()
+    ));
+    let r = call(
+        &s,
+        &[],
+        "bash",
+        json!({"command": "ls -A secret; cat secret/key; cat plain.txt"}),
+    );
+    r.expect_code(0).expect_output(&["visible"]);
+    assert!(!r.stdout().contains("s3cret"), "{}", r.context());
+    assert!(!r.stdout().contains("key\n"), "{}", r.context());
 }

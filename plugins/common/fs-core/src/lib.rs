@@ -168,50 +168,13 @@ fn proc_position(opened: std::os::fd::BorrowedFd<'_>, real: &Path) -> Option<Pat
         return None;
     }
     let table = std::fs::read("/proc/self/mountinfo").ok()?;
-    let (root, point) = mount_of(&table, stat.stx_mnt_id)?;
-    let below = real.strip_prefix(&point).ok()?;
+    let mount = dsh_sandbox::mountinfo::mounts(&table).find(|m| m.id == stat.stx_mnt_id)?;
+    let below = real.strip_prefix(&mount.point).ok()?;
     Some(
         Path::new("/proc")
-            .join(root.strip_prefix("/").ok()?)
+            .join(mount.root.strip_prefix("/").ok()?)
             .join(below),
     )
-}
-
-/// The root (within its file system) and the mount point of mount `id` in `table`, the
-/// text of a `mountinfo` file: `ID PARENT MAJOR:MINOR ROOT POINT ...`, each path with
-/// space, tab, newline and backslash escaped in octal.
-fn mount_of(table: &[u8], id: u64) -> Option<(PathBuf, PathBuf)> {
-    use std::os::unix::ffi::OsStringExt;
-    let unescape = |field: &[u8]| {
-        let mut out = Vec::with_capacity(field.len());
-        let mut i = 0;
-        while i < field.len() {
-            let octal = field
-                .get(i + 1..i + 4)
-                .filter(|d| field[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
-            match octal {
-                Some(d) => {
-                    let value = d.iter().fold(0u32, |n, b| n * 8 + u32::from(b - b'0'));
-                    out.push(u8::try_from(value).ok()?);
-                    i += 4;
-                }
-                None => {
-                    out.push(field[i]);
-                    i += 1;
-                }
-            }
-        }
-        Some(PathBuf::from(std::ffi::OsString::from_vec(out)))
-    };
-    table.split(|&b| b == b'\n').find_map(|line| {
-        let mut fields = line.split(|&b| b == b' ');
-        let this: u64 = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
-        if this != id {
-            return None;
-        }
-        let mut fields = fields.skip(2);
-        Some((unescape(fields.next()?)?, unescape(fields.next()?)?))
-    })
 }
 
 /// The refusal of a read of a `proc` file system's file whose place in it cannot be told.
@@ -1755,27 +1718,6 @@ mod tests {
         .unwrap();
         let pipe = read_text(&fifo, &ReadDeny::default()).unwrap_err();
         assert!(help(&pipe).contains("timeout 5 head"), "{pipe}");
-    }
-
-    /// A mount is found by its id, and its root and mount point are unescaped (`\\040` is
-    /// a space, `\\134` a backslash); a backslash not followed by three octal digits is
-    /// itself, and an id not in the table is no mount.
-    #[test]
-    fn a_mount_is_found_by_id_with_its_paths_unescaped() {
-        let table = b"22 1 0:21 / /proc rw,nosuid - proc proc rw\n\
-                      67 46 0:21 /31804 /srv/my\\040procs\\134x rw - proc proc rw\n\
-                      68 46 0:21 /a\\9b /odd rw - proc proc rw\n";
-        let found = |id| {
-            mount_of(table, id).map(|(r, p)| (r.display().to_string(), p.display().to_string()))
-        };
-        assert_eq!(found(22), Some(("/".into(), "/proc".into())));
-        assert_eq!(
-            found(67),
-            Some(("/31804".into(), "/srv/my procs\\x".into()))
-        );
-        assert_eq!(found(68), Some(("/a\\9b".into(), "/odd".into())));
-        assert_eq!(found(6), None);
-        assert_eq!(found(2), None);
     }
 
     /// An edit reads the file before it writes: a process's `/proc` entry is refused

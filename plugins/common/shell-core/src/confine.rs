@@ -382,6 +382,10 @@ impl Confinement {
         if policy.workspace_root.is_dir() {
             hidden.extend(expand(&fence.deny_read, &policy.workspace_root)?);
         }
+        let landlock_only = policy.confinement == ConfinementTier::LandlockOnly;
+        if !landlock_only {
+            hidden.extend(proc_mounts_elsewhere()?);
+        }
         // Hidden where it leads (a dangling symlink hides nothing); pinned like a protected
         // path, so renaming a directory above it cannot take it out from under its cover.
         let mut resolved = Vec::with_capacity(hidden.len());
@@ -404,7 +408,15 @@ impl Confinement {
             list.sort_by(|a, b| (a.components().count(), a).cmp(&(b.components().count(), b)));
             list.dedup();
         }
-        let landlock_only = policy.confinement == ConfinementTier::LandlockOnly;
+        // What lies beneath a hidden directory is hidden with it (and is not there to
+        // cover once the directory is).
+        let mut covered = Vec::<PathBuf>::with_capacity(hidden.len());
+        for path in hidden {
+            if !covered.iter().any(|dir| path.starts_with(dir)) {
+                covered.push(path);
+            }
+        }
+        let hidden = covered;
         if landlock_only {
             tier_refusals(egress.is_some(), &protected, &hidden, &writable)?;
         }
@@ -453,6 +465,27 @@ impl Confinement {
             egress,
         }))
     }
+}
+
+/// The mount points of every `proc` file system mounted elsewhere than at `/proc` (a
+/// container's `/host/proc`, a process's directory bound somewhere): the command's own
+/// `/proc` shows its own processes only, and these would show the host's, so each is
+/// hidden like a `denyRead` directory. Fails closed when the mounts cannot be read.
+fn proc_mounts_elsewhere() -> Result<Vec<PathBuf>, ConfineError> {
+    let path = Path::new("/proc/self/mountinfo");
+    let table = std::fs::read(path).map_err(|source| ConfineError::Unverifiable {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(procs_elsewhere(&table))
+}
+
+/// The seam of [`proc_mounts_elsewhere`]: from the text of a `mountinfo` file.
+fn procs_elsewhere(table: &[u8]) -> Vec<PathBuf> {
+    dsh_sandbox::mountinfo::mounts(table)
+        .filter(|m| m.fstype == "proc" && !m.point.starts_with("/proc"))
+        .map(|m| m.point)
+        .collect()
 }
 
 /// The directories strictly between `root` and `path` beneath it, innermost first: what
@@ -715,6 +748,24 @@ mod tests {
             network: false,
             ..Default::default()
         }
+    }
+
+    /// Every `proc` mounted elsewhere than at `/proc` is hidden; `/proc` itself and what
+    /// is mounted beneath it (covered by the command's own `/proc`) are not, nor a path
+    /// that merely starts with the same letters.
+    #[test]
+    fn proc_file_systems_mounted_elsewhere_are_found() {
+        let table = b"22 1 0:21 / /proc rw - proc proc rw\n\
+                      23 22 0:40 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw\n\
+                      24 22 0:21 / /proc/inner rw - proc proc rw\n\
+                      25 1 0:21 / /host/proc rw - proc proc rw\n\
+                      26 1 0:21 /1 /srv/init\\040dir rw - proc proc rw\n\
+                      27 1 0:21 / /procs rw - proc proc rw\n\
+                      28 1 0:50 / /data rw - ext4 /dev/sda1 rw\n";
+        assert_eq!(
+            procs_elsewhere(table),
+            ["/host/proc", "/srv/init dir", "/procs"].map(PathBuf::from)
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use dsh_sandbox::mountinfo::Mount;
 use dsh_sandbox::Limits;
 
 use crate::confine::ConfineError;
@@ -47,18 +48,7 @@ pub(crate) fn locate(
     own: &str,
     read: impl Fn(&Path) -> Option<String>,
 ) -> Result<Hierarchy, String> {
-    // `id parent dev root mountpoint options... - fstype source superoptions`
-    let mounts: Vec<(&str, &str, &str, &str)> = mountinfo
-        .lines()
-        .filter_map(|line| {
-            let (before, after) = line.split_once(" - ")?;
-            let fields: Vec<&str> = before.split(' ').collect();
-            let mut after = after.split(' ');
-            let fstype = after.next()?;
-            let superoptions = after.nth(1).unwrap_or("");
-            Some((*fields.get(3)?, *fields.get(4)?, fstype, superoptions))
-        })
-        .collect();
+    let mounts: Vec<Mount<'_>> = dsh_sandbox::mountinfo::mounts(mountinfo.as_bytes()).collect();
     let own_path = |controller: &str| {
         own.lines().find_map(|line| {
             let mut parts = line.splitn(3, ':');
@@ -71,27 +61,27 @@ pub(crate) fn locate(
             listed.then_some(path)
         })
     };
-    // The directory of cgroup `path` under a mount of cgroup `root` at `mountpoint`.
-    let dir_of = |root: &str, mountpoint: &str, path: &str| -> Option<PathBuf> {
-        let rel = Path::new(path).strip_prefix(root).ok()?;
-        Some(Path::new(&unescape(mountpoint)).join(rel))
+    // The directory of cgroup `path` under `mount`.
+    let dir_of = |mount: &Mount<'_>, path: &str| -> Option<PathBuf> {
+        let rel = Path::new(path).strip_prefix(&mount.root).ok()?;
+        Some(mount.point.join(rel))
     };
     let v1 = |controller: &str| {
-        let (root, mountpoint, _, _) = mounts.iter().find(|(_, _, fstype, options)| {
-            *fstype == "cgroup" && options.split(',').any(|o| o == controller)
+        let mount = mounts.iter().find(|m| {
+            m.fstype == "cgroup" && m.super_options.split(',').any(|o| o == controller)
         })?;
-        dir_of(root, mountpoint, own_path(controller)?)
+        dir_of(mount, own_path(controller)?)
     };
     if let (Some(memory), Some(pids)) = (v1("memory"), v1("pids")) {
         return Ok(Hierarchy::V1 { memory, pids });
     }
-    let Some((root, mountpoint, _, _)) = mounts.iter().find(|m| m.2 == "cgroup2") else {
+    let Some(mount) = mounts.iter().find(|m| m.fstype == "cgroup2") else {
         return Err("no cgroup hierarchy with the memory and pids controllers is mounted".into());
     };
-    let Some(own_dir) = own_path("").and_then(|p| dir_of(root, mountpoint, p)) else {
+    let Some(own_dir) = own_path("").and_then(|p| dir_of(mount, p)) else {
         return Err("this process's cgroup v2 path is not under the mounted hierarchy".into());
     };
-    let top = PathBuf::from(unescape(mountpoint));
+    let top = &mount.point;
     for dir in own_dir.ancestors() {
         let enabled = read(&dir.join("cgroup.subtree_control")).unwrap_or_default();
         let has = |c: &str| enabled.split_whitespace().any(|e| e == c);
@@ -108,29 +98,6 @@ pub(crate) fn locate(
         "no cgroup v2 directory at or above `{}` has the memory and pids controllers enabled for its children",
         own_dir.display()
     ))
-}
-
-/// A mountinfo path with its octal escapes (`\040` for a space) decoded.
-fn unescape(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let n = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(n);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// This process's [`Hierarchy`], found once.
@@ -541,11 +508,5 @@ mod tests {
             on.reached(Some(libc::SIGXCPU), None).as_deref(),
             Some("CPU time limit (the call's timeout)")
         );
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape("/a\\040b\\134c"), "/a b\\c");
-        assert_eq!(unescape("/plain\\"), "/plain\\");
     }
 }

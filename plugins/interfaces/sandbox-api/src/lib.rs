@@ -305,6 +305,7 @@ impl Default for Limits {
 pub mod egress;
 pub mod fence;
 mod git;
+pub mod mountinfo;
 /// Stand-ins for plugin tests (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
