@@ -117,11 +117,9 @@ impl ReadDeny {
         name: Option<&Path>,
         path: &Path,
     ) -> Result<()> {
-        if let Some(real) = name {
-            refuse_process_entry(real, path)?;
-        }
         // Without `denyRead` only a process's `/proc` entries are refused, and only a file
-        // of a `proc` file system can be one: anything else needs no name.
+        // of a `proc` file system can be one: anything else needs no name (the name asked
+        // for was refused by [`ReadDeny::check_path`] before the open).
         let on_proc = on_procfs(&opened);
         if self.denied.is_none() && !on_proc {
             return Ok(());
