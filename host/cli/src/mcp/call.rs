@@ -341,7 +341,7 @@ impl McpServer {
                             running: &running,
                             request: &ask.request,
                         };
-                        asked.answer(elicits, waiting, &mut ticker, &mut liveness).await
+                        Box::pin(asked.answer(elicits, waiting, &mut ticker, &mut liveness)).await
                     } else {
                         ApprovalOutcome::Unavailable
                     };

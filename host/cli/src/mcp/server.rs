@@ -133,20 +133,23 @@ impl McpServer {
         &self,
         context: &RequestContext<RoleServer>,
     ) -> Result<SessionInfo, String> {
-        self.shared
-            .session
-            .get_or_try_init(|| async {
-                let roots = client_roots(context).await;
-                let (root, why) = self.shared.hub.rooting.choose(roots);
-                self.open(SessionStart::New(&root), &why).map_err(|e| {
-                    format!(
-                        "failed to create a session rooted at {}: {e}",
-                        root.display()
-                    )
-                })
+        if let Some(settled) = self.shared.session.get() {
+            return Ok(settled.info().clone());
+        }
+        // Boxed: only the first call waits for the client's roots, and what a future holds
+        // is copied whole each time it moves (into its task, say).
+        Box::pin(self.shared.session.get_or_try_init(|| async {
+            let roots = client_roots(context).await;
+            let (root, why) = self.shared.hub.rooting.choose(roots);
+            self.open(SessionStart::New(&root), &why).map_err(|e| {
+                format!(
+                    "failed to create a session rooted at {}: {e}",
+                    root.display()
+                )
             })
-            .await
-            .map(|s| s.info().clone())
+        }))
+        .await
+        .map(|s| s.info().clone())
     }
 
     /// The asker bound to this connection's session: hands the request to the `tools/call`
@@ -416,7 +419,9 @@ impl McpServer {
             let Some(session) = server.shared.session.get().map(|s| s.info().clone()) else {
                 return Ok(error_result("the session has no root yet".into()));
             };
-            let mut response = server.run(&session, request, &context).await;
+            // Boxed, as every path but a plain call's is: a task's future is as large as its
+            // largest path, and is copied whole each time it moves (into its task, say).
+            let mut response = Box::pin(server.run(&session, request, &context)).await;
             handles::label(&mut response, &handle);
             return Ok(response);
         }
@@ -438,7 +443,7 @@ impl McpServer {
     ) -> CallToolResponse {
         let args = serde_json::Value::Object(request.arguments.clone().unwrap_or_default());
         if let Some(state) = request.request_state.clone() {
-            return self.resume(session, &request, &state, &args, context).await;
+            return Box::pin(self.resume(session, &request, &state, &args, context)).await;
         }
         let with_progress = context.meta.get_progress_token().is_some();
         let running = self.start_call(
