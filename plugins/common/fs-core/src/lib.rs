@@ -100,7 +100,7 @@ impl ReadDeny {
 
     /// Refuses the read of `opened`, opened at `path`, when what it is denies it.
     pub fn check(&self, opened: &impl std::os::fd::AsFd, path: &Path) -> Result<()> {
-        self.check_named(opened.as_fd(), None, path)
+        self.check_named(opened.as_fd(), None, None, path)
     }
 
     /// [`ReadDeny::check`] of `opened`, whose name is `name` when it is known without
@@ -115,12 +115,13 @@ impl ReadDeny {
         &self,
         opened: std::os::fd::BorrowedFd<'_>,
         name: Option<&Path>,
+        mount: Option<u64>,
         path: &Path,
     ) -> Result<()> {
         // Without `denyRead` only a process's `/proc` entries are refused, and only a file
         // of a `proc` file system can be one: anything else needs no name (the name asked
         // for was refused by [`ReadDeny::check_path`] before the open).
-        let on_proc = on_procfs(&opened);
+        let on_proc = on_procfs(opened, mount);
         if self.denied.is_none() && !on_proc {
             return Ok(());
         }
@@ -146,14 +147,36 @@ impl ReadDeny {
 }
 
 /// Whether `opened` lies on a `proc` file system (any mount of one); yes when that cannot
-/// be told, so the caller checks by name.
-fn on_procfs(opened: &impl std::os::fd::AsFd) -> bool {
+/// be told, so the caller checks by name. `mount` is the unique id of its mount when
+/// known ([`STATX_MNT_ID_UNIQUE`]): a mount found not to be `proc` is remembered
+/// ([`NOT_PROC`]), and a file on it asks no `fstatfs`.
+fn on_procfs(opened: std::os::fd::BorrowedFd<'_>, mount: Option<u64>) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
     /// `PROC_SUPER_MAGIC`.
     const PROC: i64 = 0x9fa0;
+    if let Some(id) = mount {
+        if NOT_PROC.iter().any(|m| m.load(Relaxed) == id) {
+            return false;
+        }
+    }
     // `f_type`'s width differs between targets.
     #[allow(clippy::unnecessary_cast)]
-    rustix::fs::fstatfs(opened).map_or(true, |s| s.f_type as i64 == PROC)
+    let on_proc = rustix::fs::fstatfs(opened).map_or(true, |s| s.f_type as i64 == PROC);
+    if let (false, Some(id)) = (on_proc, mount) {
+        // The first free slot; when all are taken the mount is simply asked about again.
+        let _ = NOT_PROC
+            .iter()
+            .find_map(|m| m.compare_exchange(0, id, Relaxed, Relaxed).ok());
+    }
+    on_proc
 }
+
+/// Mounts found not to be of a `proc` file system, by unique id (0: a free slot). A
+/// unique mount id names one mount for as long as the system runs, and a mount's file
+/// system never changes, so an entry never goes stale; a process reads files on a few
+/// mounts, so a few slots are enough.
+static NOT_PROC: [std::sync::atomic::AtomicU64; 8] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 8];
 
 /// Where `opened`, a file of a `proc` file system named `real`, lies in that file system,
 /// spelled beneath `/proc`: the root of its mount (`/proc/self/mountinfo`, found by the
@@ -321,34 +344,19 @@ fn open_regular_at(
     let c_name = std::ffi::CString::new(name.as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
-    open_regular_with(
-        || {
-            // SAFETY: a valid C string and flags; the descriptor is owned at once.
-            let fd = unsafe {
-                libc::openat(
-                    dirfd,
-                    c_name.as_ptr(),
-                    libc::O_PATH | libc::O_CLOEXEC | nofollow,
-                )
-            };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `fd` was just opened and is owned by nothing else.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-        },
-        path,
-        op,
-    )
-}
-
-/// [`open_regular_at`] with the `O_PATH` descriptor from `open_path`.
-fn open_regular_with(
-    open_path: impl FnOnce() -> io::Result<std::os::fd::OwnedFd>,
-    path: &Path,
-    op: &str,
-) -> std::result::Result<Result<(std::fs::File, u64)>, io::Error> {
-    let handle = std::fs::File::from(open_path()?);
+    // SAFETY: a valid C string and flags; the descriptor is owned at once.
+    let fd = unsafe {
+        libc::openat(
+            dirfd,
+            c_name.as_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC | nofollow,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    let handle = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     let meta = handle.metadata()?;
     if meta.file_type().is_symlink() {
         return Err(io::Error::from_raw_os_error(libc::ELOOP));
@@ -364,18 +372,24 @@ fn open_regular_with(
 /// opened; anything but a regular file is refused unopened. Returns the file and its
 /// reported size.
 ///
-/// A plain path ([`dsh_sandbox::plain_path`]) is opened first without following any symbolic link: when that opens,
-/// the file is named by the path itself, and the name is checked without asking the
-/// kernel for it. Any path that does not open that way (a link anywhere in it, a kernel
-/// without `openat2`, a missing file) is opened following links, and what was opened is
-/// checked by the name the kernel gives it ([`ReadDeny::check`]).
+/// A plain path ([`dsh_sandbox::plain_path`]) that names a regular file reached through
+/// no symbolic link is opened straight ([`open_plain_regular`]): the file is then named by
+/// the path itself, and the name is checked without asking the kernel for it. Any other
+/// path (a link anywhere in it, a kernel without `openat2`, a missing file, anything but
+/// a regular file) is opened with `O_PATH` following links, looked at, reopened for
+/// reading only when regular, and what was opened is checked by the name the kernel
+/// gives it ([`ReadDeny::check`]).
 fn open_regular(path: &Path, op: &str, deny: &ReadDeny) -> Result<(std::fs::File, u64)> {
     deny.check_path(path)?;
     if let Some(real) = dsh_sandbox::plain_path(path) {
-        if let Ok(opened) = open_regular_with(|| open_no_links(&real), path, op) {
-            let (file, size) = opened?;
-            deny.check_named(std::os::fd::AsFd::as_fd(&file), Some(&real), path)?;
-            return Ok((file, size));
+        if let Some(opened) = open_plain_regular(&real) {
+            deny.check_named(
+                std::os::fd::AsFd::as_fd(&opened.file),
+                Some(&real),
+                opened.mount,
+                path,
+            )?;
+            return Ok((opened.file, opened.size));
         }
     }
     let (file, size) = match open_regular_at(libc::AT_FDCWD, path.as_os_str(), true, path, op) {
@@ -386,17 +400,74 @@ fn open_regular(path: &Path, op: &str, deny: &ReadDeny) -> Result<(std::fs::File
     Ok((file, size))
 }
 
-/// An `O_PATH` descriptor of the absolute `path`, reached without following any symbolic
-/// link (magic links of `/proc` included).
-fn open_no_links(path: &Path) -> io::Result<std::os::fd::OwnedFd> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    Ok(rustix::fs::openat2(
+/// A regular file opened for reading by [`open_plain_regular`].
+struct PlainOpened {
+    file: std::fs::File,
+    /// Its size as the file system reports it.
+    size: u64,
+    /// The unique id of its mount, where the kernel gives one ([`on_procfs`]).
+    mount: Option<u64>,
+}
+
+/// `STATX_MNT_ID_UNIQUE` (Linux 6.8): a mount's id that is never used again while the
+/// system runs, in place of the reusable `STATX_MNT_ID`.
+const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+
+/// `real`, an absolute plain path, opened for reading when it names a regular file
+/// reached without following any symbolic link (magic links of `/proc` included); `None`
+/// when it does not, when the kernel lacks `openat2`, or when what was opened is not what
+/// the path named a moment before.
+///
+/// The path is looked at (`statx`, not following a link at its end) before anything is
+/// opened, so a path naming anything but a regular file is never opened; the descriptor
+/// is then compared with that look (device and inode), so a file swapped in between is
+/// neither read nor kept (opening it cannot block: [`READ_FLAGS`]). One look, one open,
+/// one `statx` of the descriptor: cheaper than an `O_PATH` open reopened through
+/// `/proc/self/fd`, the long way the caller takes on `None`.
+fn open_plain_regular(real: &Path) -> Option<PlainOpened> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, StatxFlags};
+    let regular = |mode: u16| FileType::from_raw_mode(mode.into()) == FileType::RegularFile;
+    let looked = rustix::fs::statx(
         rustix::fs::CWD,
-        path,
-        OFlags::PATH | OFlags::CLOEXEC,
+        real,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::TYPE | StatxFlags::INO,
+    )
+    .ok()?;
+    if !regular(looked.stx_mode) {
+        return None;
+    }
+    // The window a racing swap would use: looked at, nothing opened yet.
+    #[cfg(test)]
+    race::at(race::Point::Looked);
+    let file = rustix::fs::openat2(
+        rustix::fs::CWD,
+        real,
+        OFlags::RDONLY | OFlags::CLOEXEC | READ_FLAGS,
         Mode::empty(),
         ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )?)
+    )
+    .ok()?;
+    let opened = rustix::fs::statx(
+        &file,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::TYPE
+            | StatxFlags::INO
+            | StatxFlags::SIZE
+            | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE),
+    )
+    .ok()?;
+    let same = (opened.stx_dev_major, opened.stx_dev_minor, opened.stx_ino)
+        == (looked.stx_dev_major, looked.stx_dev_minor, looked.stx_ino);
+    if !same || !regular(opened.stx_mode) {
+        return None;
+    }
+    Some(PlainOpened {
+        file: std::fs::File::from(file),
+        size: opened.stx_size,
+        mount: (opened.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(opened.stx_mnt_id),
+    })
 }
 
 /// The largest file read whole ([`read_text`], the read before an edit) and the largest
@@ -462,10 +533,28 @@ fn page(mut input: impl Read, size: u64, args: &ReadLines) -> Result<Lines> {
     let path = &args.path;
     let io = |e: io::Error| io_error(e, "read", path);
     let mut head = Vec::with_capacity(SNIFF_BYTES);
-    (&mut input)
-        .take(SNIFF_BYTES as u64)
-        .read_to_end(&mut head)
-        .map_err(io)?;
+    // A file that reports a size below the sniff's is asked first for one byte more: an
+    // answer of exactly its size is a short read, its end, and no read is made only to
+    // meet it. Any other answer (more: it grew; less; a size of 0, as many `/proc` files
+    // report) is read on to its end or the sniff's bound.
+    let mut ended = false;
+    if (1..SNIFF_BYTES as u64).contains(&size) {
+        head.resize(size as usize + 1, 0);
+        let n = loop {
+            match input.read(&mut head) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                read => break read.map_err(io)?,
+            }
+        };
+        head.truncate(n);
+        ended = n as u64 == size;
+    }
+    if !ended {
+        (&mut input)
+            .take((SNIFF_BYTES - head.len()) as u64)
+            .read_to_end(&mut head)
+            .map_err(io)?;
+    }
     if let Err((at, evidence)) = line_text(&head, head.len() == SNIFF_BYTES) {
         return Err(binary(path, size, evidence, at as u64));
     }
@@ -1126,7 +1215,8 @@ impl Target {
 
 /// Test-only seam: a callback, per thread, at the two ends of the window between a fenced
 /// mutation's containment check and the opens beneath its root, so a test can swap a
-/// directory for a symlink exactly inside it (or count the swaps that fell inside it).
+/// directory for a symlink exactly inside it (or count the swaps that fell inside it); and
+/// inside the window between a read's look at a plain path and its open.
 #[cfg(test)]
 pub(crate) mod race {
     use std::cell::RefCell;
@@ -1138,6 +1228,8 @@ pub(crate) mod race {
         Checked,
         /// The parent directory is open; the mutation goes through it from here.
         Opened,
+        /// A read looked at its plain path (a regular file); nothing is opened yet.
+        Looked,
     }
 
     type Hook = Box<dyn FnMut(Point)>;
@@ -1191,6 +1283,16 @@ mod tests {
         }
     }
 
+    /// A reader that counts the reads asked of it.
+    struct Reads<'a>(&'a [u8], usize);
+
+    impl Read for Reads<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.1 += 1;
+            self.0.read(buf)
+        }
+    }
+
     /// What a page must be: its text, count, cut, total and cut lines; or an error's code
     /// and a fragment of its message.
     type Page<'a> = std::result::Result<
@@ -1198,9 +1300,9 @@ mod tests {
         (&'a str, &'a str),
     >;
 
-    /// Pages `input` (of reported size 99) with `offset`, `limit` and `caps` and compares.
+    /// Pages `input` (reporting its own size) with `offset`, `limit` and `caps` and compares.
     fn check(input: &[u8], offset: u64, limit: Option<u64>, caps: (u64, u64, u64), want: Page<'_>) {
-        let got = page(input, 99, &args(offset, limit, caps));
+        let got = page(input, input.len() as u64, &args(offset, limit, caps));
         let shown = String::from_utf8_lossy(input);
         match (got, want) {
             (Ok(l), Ok((text, count, cut, total, long))) => {
@@ -1216,7 +1318,7 @@ mod tests {
                     (text, count, cut, total, long),
                     "{shown:?} offset {offset} limit {limit:?} caps {caps:?}"
                 );
-                assert_eq!(l.size, 99);
+                assert_eq!(l.size, input.len() as u64);
             }
             (Err(e), Err((code, fragment))) => {
                 assert_eq!(e.code, code, "{shown:?}: {e}");
@@ -1229,6 +1331,16 @@ mod tests {
     #[test]
     fn pages_follow_offset_limit_and_caps() {
         const BIG: (u64, u64, u64) = (100, 1000, 100);
+        // A file smaller than the sniff that reads exactly its reported size is read once:
+        // no read is made only to meet its end. One that grew since, or reports 0 (as
+        // `/proc` files do), is read to its end.
+        let grown = b"a\nb\nc\n";
+        for (size, reads) in [(6, 1), (4, 3), (0, 2)] {
+            let mut input = Reads(&grown[..], 0);
+            let got = page(&mut input, size, &args(1, None, BIG)).expect("a page");
+            assert_eq!((got.text.as_str(), got.total), ("a\nb\nc\n", Some(3)));
+            assert_eq!(input.1, reads, "reported size {size}");
+        }
         let abc = b"a\nb\nc\n";
         check(abc, 1, None, BIG, Ok(("a\nb\nc\n", 3, None, Some(3), &[])));
         check(
@@ -1339,7 +1451,7 @@ mod tests {
             1,
             None,
             BIG,
-            Err((not_text, "(99 bytes; a NUL byte at byte 2)")),
+            Err((not_text, "(5 bytes; a NUL byte at byte 2)")),
         );
         check(
             b"ab\n\xff\n",
@@ -1369,7 +1481,7 @@ mod tests {
         let at = late.len() as u64 + 1;
         late.extend_from_slice(b"x\0\nend\n");
         let lines = SNIFF_BYTES as u64 / 8 + 1;
-        let got = page(&late[..], 99, &args(lines, None, BIG)).expect("a page");
+        let got = page(&late[..], late.len() as u64, &args(lines, None, BIG)).expect("a page");
         assert_eq!(got.text, "0123456\n");
         let cut = Cut::Binary {
             what: "a NUL byte".into(),
@@ -1492,6 +1604,44 @@ mod tests {
         wrong_kind(fenced(socket, root.clone()).unwrap_err(), "a socket");
         // A /proc file reports size 0 and reads all the same.
         assert_eq!(paged("/proc/sys/kernel/ostype".into()).unwrap(), "Linux\n");
+    }
+
+    /// A mount found not to be a `proc` file system is remembered by its unique id, and a
+    /// file on it is judged without asking again; a `proc` mount is never remembered,
+    /// however often a file on it is judged.
+    #[test]
+    fn only_mounts_that_are_not_proc_are_remembered() {
+        use rustix::fs::{AtFlags, StatxFlags};
+        use std::os::fd::AsFd;
+        use std::sync::atomic::Ordering::Relaxed;
+        let unique = |f: &std::fs::File| {
+            let mask = StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
+            let s = rustix::fs::statx(f, "", AtFlags::EMPTY_PATH, mask).expect("statx");
+            assert!(
+                s.stx_mask & STATX_MNT_ID_UNIQUE != 0,
+                "this test needs unique mount ids (`STATX_MNT_ID_UNIQUE`, Linux 6.8), which \
+                 this kernel does not give: it cannot run here"
+            );
+            s.stx_mnt_id
+        };
+        let remembered = |id: u64| NOT_PROC.iter().any(|m| m.load(Relaxed) == id);
+        let proc = std::fs::File::open("/proc/version").expect("/proc/version");
+        let tmp = tempfile::NamedTempFile::new().expect("a file");
+        let file = tmp.reopen().expect("reopen");
+        let (proc_id, file_id) = (unique(&proc), unique(&file));
+        for _ in 0..2 {
+            assert!(on_procfs(proc.as_fd(), Some(proc_id)));
+        }
+        assert!(!remembered(proc_id));
+        assert!(!on_procfs(file.as_fd(), Some(file_id)));
+        assert!(remembered(file_id));
+        assert!(on_procfs(proc.as_fd(), Some(proc_id)));
+        assert!(
+            on_procfs(proc.as_fd(), None),
+            "without an id the kernel is asked"
+        );
+        // Taken at its word: a descriptor said to be on the remembered mount is not asked.
+        assert!(!on_procfs(proc.as_fd(), Some(file_id)));
     }
 
     #[test]

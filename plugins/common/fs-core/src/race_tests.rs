@@ -3,6 +3,7 @@
 //! symlink leading outside exactly between the containment check and the opens, for a
 //! write, a write that creates new parent directories, and an edit. Then the same race run
 //! freely against a swapper thread, counting the swaps that really fell inside the window.
+//! And a read's file swapped exactly between its look at the path and its open.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +14,7 @@ use dsh_fs_api::codes;
 use dsh_sandbox::{SandboxExecutionPolicy, SandboxMode};
 
 use super::race::{self, Point};
-use super::{fenced_target, Parents};
+use super::{fenced_target, read_lines, Parents, ReadDeny};
 
 /// A workspace (under the temp area) and a directory outside every writable root.
 struct Layout {
@@ -389,6 +390,8 @@ fn swaps_racing_the_writer_fall_inside_the_window_and_never_escape() {
                     window_flipped.set(window_flipped.get() + 1);
                 }
             }
+            // Only writes run here: no read looks at a path.
+            Point::Looked => {}
         },
         || {
             while !(writes >= 500 && in_window.get() >= 100 && flipped.get() >= 20) {
@@ -478,4 +481,66 @@ fn an_edit_does_not_follow_a_file_swapped_for_a_link_to_a_hidden_one() {
         std::fs::read_to_string(layout.ws.join("d/.env")).expect(".env"),
         "old TOKEN=secret\n"
     );
+}
+
+/// A read looks at a plain path before it opens it, and compares what it opened with what
+/// it looked at: a FIFO swapped in exactly between the two is not read (an empty page
+/// would say it was), and another regular file swapped in is read the long way, by what
+/// the path names now. Each file is back in its place after each case.
+#[test]
+fn a_file_swapped_between_a_reads_look_and_its_open_is_not_read() {
+    let layout = Layout::new();
+    let file = layout.ws.join("f.txt");
+    std::fs::write(&file, "the file\n").expect("file");
+    let fifo = layout.ws.join("fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        0,
+    )
+    .expect("mkfifo");
+    let other = layout.ws.join("other.txt");
+    std::fs::write(&other, "another file\n").expect("other file");
+    for (swapped_in, want) in [
+        (&fifo, Err(codes::FS_WRONG_KIND.to_string())),
+        (&other, Ok("another file\n".to_string())),
+    ] {
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let log = seen.clone();
+        let (victim, swap_with) = (file.clone(), swapped_in.clone());
+        let args = dsh_fs_api::ReadLines {
+            path: file.clone(),
+            offset: 1,
+            limit: None,
+            caps: dsh_fs_api::ReadCaps {
+                max_lines: 100,
+                max_bytes: 10_000,
+                max_line_bytes: 1_000,
+            },
+            policy: None,
+        };
+        let outcome = race::with(
+            move |point| {
+                log.borrow_mut().push(point);
+                if point == Point::Looked {
+                    exchange(&victim, &swap_with);
+                }
+            },
+            || read_lines(&args, &ReadDeny::default()),
+        );
+        assert_eq!(
+            *seen.borrow(),
+            [Point::Looked],
+            "{swapped_in:?}: the read looked at the plain path once, then took the long way"
+        );
+        exchange(&file, swapped_in);
+        assert_eq!(
+            outcome.map(|l| l.text).map_err(|e| e.code.to_string()),
+            want,
+            "{swapped_in:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&file).expect("back"), "the file\n");
+    }
 }
