@@ -48,6 +48,13 @@ impl<T> Shared<T> {
         }))
     }
 
+    /// Whether `a` and `b` are handles of one value: clones of one [`Shared::new`], or the
+    /// same JSON received twice and found in this plugin's cache. A plugin may keep what it
+    /// derived from a value and reuse it while the same value comes again.
+    pub fn ptr_eq(a: &Shared<T>, b: &Shared<T>) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+
     /// The value, owned: moved out when this is its only handle, else cloned.
     pub fn into_inner(self) -> T
     where

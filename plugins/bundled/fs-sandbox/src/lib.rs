@@ -13,6 +13,7 @@
 //! - `danger-full-access`: unfenced.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use cordis_sdk::host::{CallContextClient, CallContextService as _, CALL_CONTEXT};
 use cordis_sdk::prelude::*;
@@ -35,6 +36,29 @@ struct FencedFs {
     policy: SandboxPolicyClient,
     calls: CallContextClient,
     locks: PathLocks,
+    deny: DenyCache,
+}
+
+/// The read fence of the policy last seen, kept while the same policy comes again
+/// ([`Shared::ptr_eq`]: the policy owner sends a session's policy again while it stays the
+/// same, and this plugin then receives the value it parsed before), so its `denyRead`
+/// patterns are not compiled for every read.
+#[derive(Default)]
+struct DenyCache(Mutex<Option<(Shared<SandboxExecutionPolicy>, Arc<ReadDeny>)>>);
+
+impl DenyCache {
+    /// The read fence of `policy`.
+    fn of(&self, policy: &Shared<SandboxExecutionPolicy>) -> Arc<ReadDeny> {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match &*last {
+            Some((seen, deny)) if Shared::ptr_eq(seen, policy) => deny.clone(),
+            _ => {
+                let deny = Arc::new(ReadDeny::of(Some(policy)));
+                *last = Some((policy.clone(), deny.clone()));
+                deny
+            }
+        }
+    }
 }
 
 impl FencedFs {
@@ -74,17 +98,17 @@ impl FileSystem for FencedFs {
 
     fn read_text(&self, path: PathBuf) -> Result<String> {
         let policy = self.policy_for(None)?;
-        dsh_fs_core::read_text(&path, &ReadDeny::of(Some(&policy)))
+        dsh_fs_core::read_text(&path, &self.deny.of(&policy))
     }
 
     fn read_lines(&self, args: ReadLines) -> Result<Lines> {
         let policy = self.policy_for(args.policy.clone())?;
-        dsh_fs_core::read_lines(&args, &ReadDeny::of(Some(&policy)))
+        dsh_fs_core::read_lines(&args, &self.deny.of(&policy))
     }
 
     fn list_dir(&self, args: ListDir) -> Result<Listing> {
         let policy = self.policy_for(args.policy.clone())?;
-        dsh_fs_core::list_dir(&args, &ReadDeny::of(Some(&policy)))
+        dsh_fs_core::list_dir(&args, &self.deny.of(&policy))
     }
 
     fn write_text(&self, args: WriteText) -> Result<Written> {
@@ -138,6 +162,7 @@ impl Plugin for FsSandboxPlugin {
                 policy,
                 calls,
                 locks: PathLocks::default(),
+                deny: DenyCache::default(),
             }),
         )?;
         tracing::debug!(entry = %ctx.entry_id(), "fenced fs ready");
@@ -146,3 +171,40 @@ impl Plugin for FsSandboxPlugin {
 }
 
 cordis_sdk::export_plugin!(FsSandboxPlugin);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept fence is the one of the policy given: a read that one policy denies is
+    /// served under the next, which denies nothing, and denied again when the first comes
+    /// back; the same policy again gives the very fence kept.
+    #[test]
+    fn the_kept_read_fence_is_the_given_policys() {
+        let tmp = tempfile::tempdir().expect("a directory");
+        let root = tmp.path().canonicalize().expect("canonical");
+        let secret = root.join("secret.txt");
+        std::fs::write(&secret, "s3cret").expect("a file");
+        let policy = |deny_read: Vec<PathBuf>| {
+            Shared::new(SandboxExecutionPolicy {
+                mode: SandboxMode::WorkspaceWrite,
+                workspace_root: root.clone(),
+                deny_read,
+                ..Default::default()
+            })
+        };
+        let (denying, open) = (policy(vec![secret.clone()]), policy(Vec::new()));
+        let cache = DenyCache::default();
+        let read = |p: &Shared<SandboxExecutionPolicy>| {
+            dsh_fs_core::read_text(&secret, &cache.of(p)).map_err(|e| e.code)
+        };
+        let denied = Err(dsh_fs_api::codes::FS_SANDBOX_DENIED.to_string());
+        assert_eq!(read(&denying), denied);
+        assert_eq!(read(&open), Ok("s3cret".to_string()));
+        assert_eq!(read(&denying), denied);
+        assert!(Arc::ptr_eq(
+            &cache.of(&denying),
+            &cache.of(&denying.clone())
+        ));
+    }
+}

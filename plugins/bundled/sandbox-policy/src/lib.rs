@@ -184,11 +184,11 @@ fn not_writable_root(whose: &str, root: &Path, why: &str, help: &str) -> Error {
 /// Refuses a `workspace-write` root that would make the whole file system or the home
 /// directory writable (the part of [`check_writable_root`] that asks nothing of the root).
 fn check_not_swallowing(root: &Path, whose: &str) -> Result<()> {
-    let swallows = if root == Path::new("/") {
+    // Only `/` has no parent among absolute paths.
+    let swallows = if root.parent().is_none() {
         Some("the whole file system".to_string())
     } else {
-        canonical_home()
-            .filter(|h| h != root && is_within(h, root))
+        home_within(root, std::env::var_os("HOME"))
             .map(|h| format!("the home directory `{}`", h.display()))
     };
     match swallows {
@@ -202,20 +202,20 @@ fn check_not_swallowing(root: &Path, whose: &str) -> Result<()> {
     }
 }
 
-/// `$HOME`, canonical (`None` when unset or unresolvable); resolved again only when the
-/// variable changes.
-fn canonical_home() -> Option<PathBuf> {
+/// The home directory `home` (`$HOME`), canonical, when it lies strictly beneath `root`;
+/// `None` when it does not, or when `home` is unset or unresolvable. It is resolved again
+/// only when the variable changes.
+fn home_within(root: &Path, home: Option<std::ffi::OsString>) -> Option<PathBuf> {
     static HOME: Mutex<Option<(std::ffi::OsString, Option<PathBuf>)>> = Mutex::new(None);
-    let raw = std::env::var_os("HOME").filter(|h| !h.is_empty())?;
+    let raw = home.filter(|h| !h.is_empty())?;
     let mut known = HOME.lock().unwrap_or_else(|e| e.into_inner());
-    match &*known {
-        Some((named, canonical)) if *named == raw => canonical.clone(),
-        _ => {
-            let canonical = PathBuf::from(&raw).canonicalize().ok();
-            *known = Some((raw, canonical.clone()));
-            canonical
-        }
+    if !matches!(&*known, Some((named, _)) if *named == raw) {
+        let canonical = PathBuf::from(&raw).canonicalize().ok();
+        *known = Some((raw, canonical));
     }
+    let home = known.as_ref()?.1.as_ref()?;
+    // Both are canonical: the same directory is spelled the same.
+    (home.as_os_str() != root.as_os_str() && is_within(home, root)).then(|| home.clone())
 }
 
 /// Why the file system of directory `dir` compares names without case, if it does: by
@@ -1048,6 +1048,29 @@ cordis_sdk::export_plugin!(SandboxPolicyPlugin);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A root that holds the home directory (however `$HOME` spells it) is refused; the
+    /// home directory itself and a project inside it are not.
+    #[test]
+    fn only_a_root_holding_the_home_directory_swallows_it() {
+        let tmp = tempfile::tempdir().expect("a directory");
+        let root = tmp.path().canonicalize().expect("canonical");
+        let home = root.join("me");
+        std::fs::create_dir_all(home.join("project")).expect("home");
+        for spelled in [home.clone(), root.join("./me/"), root.join("me/../me")] {
+            let var = Some(spelled.clone().into_os_string());
+            assert_eq!(
+                home_within(&root, var.clone()),
+                Some(home.clone()),
+                "{spelled:?}"
+            );
+            assert_eq!(home_within(&home, var.clone()), None, "{spelled:?}");
+            assert_eq!(home_within(&home.join("project"), var), None, "{spelled:?}");
+        }
+        assert_eq!(home_within(&root, None), None);
+        assert_eq!(home_within(&root, Some("".into())), None);
+        assert_eq!(home_within(&root, Some(root.join("gone").into())), None);
+    }
 
     #[test]
     fn roots_that_fold_case_are_recognised() {

@@ -382,12 +382,24 @@ pub fn canonical_path(path: &Path) -> std::io::Result<PathBuf> {
 /// `path` as the kernel names a file opened at it without following a symbolic link: the
 /// path itself, when it is absolute and plain (no `..`; `.` and repeated slashes name
 /// nothing and are dropped). `None` for any other path. Opened with `openat2` and
-/// `RESOLVE_NO_SYMLINKS`, such a path names exactly what it opens.
-pub fn plain_path(path: &Path) -> Option<PathBuf> {
+/// `RESOLVE_NO_SYMLINKS`, such a path names exactly what it opens. A path already spelled
+/// that way (the usual case) is borrowed, not rebuilt.
+pub fn plain_path(path: &Path) -> Option<std::borrow::Cow<'_, Path>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // Spelled plainly: `/` then names, each between single slashes, none `.` or `..`.
+    let spelled_plainly = bytes == b"/"
+        || (bytes.first() == Some(&b'/')
+            && bytes[1..]
+                .split(|&b| b == b'/')
+                .all(|name| !matches!(name, b"" | b"." | b"..")));
+    if spelled_plainly {
+        return Some(std::borrow::Cow::Borrowed(path));
+    }
     let mut components = path.components();
     let rooted = components.next() == Some(Component::RootDir);
     (rooted && components.all(|c| matches!(c, Component::Normal(_))))
-        .then(|| path.components().collect())
+        .then(|| std::borrow::Cow::Owned(path.components().collect()))
 }
 
 /// `path` is `root` or beneath it (component-wise: `/ws-evil` is not beneath `/ws`).
@@ -804,13 +816,36 @@ mod tests {
 
     #[test]
     fn a_plain_path_is_named_by_itself_and_any_other_is_not_plain() {
-        let plain = |p: &str| plain_path(Path::new(p));
-        assert_eq!(plain("/a/./b//c/"), Some(PathBuf::from("/a/b/c")));
-        assert_eq!(plain("/"), Some(PathBuf::from("/")));
+        // Compared as spelled: paths compare equal component by component (`/a//b` is
+        // `/a/b`), and the spelling is what this function is about.
+        let plain = |p: &str| plain_path(Path::new(p)).map(|p| p.into_owned().into_os_string());
+        assert_eq!(plain("/a/./b//c/"), Some("/a/b/c".into()));
+        assert_eq!(plain("/"), Some("/".into()));
         assert_eq!(plain("/a/../b"), None);
         assert_eq!(plain("/a/b/.."), None);
         assert_eq!(plain("a/b"), None);
         assert_eq!(plain("./a"), None);
+        // Spelled plainly already: borrowed. Every other spelling is rebuilt or refused,
+        // exactly as the components say.
+        assert!(matches!(
+            plain_path(Path::new("/a/b.c/..d")),
+            Some(std::borrow::Cow::Borrowed(_))
+        ));
+        for p in [
+            "/a/b", "/a//b", "/a/./b", "/a/b/", "/a/b/.", "/.", "//", "/..", "/a/..", "/...",
+            "/a/.b", "//a", "/./", "", "a", "/a/b/./", "/a/b//",
+        ] {
+            let mut components = Path::new(p).components();
+            let expected = (components.next() == Some(Component::RootDir)
+                && components.all(|c| matches!(c, Component::Normal(_))))
+            .then(|| {
+                Path::new(p)
+                    .components()
+                    .collect::<PathBuf>()
+                    .into_os_string()
+            });
+            assert_eq!(plain(p), expected, "{p:?}");
+        }
     }
 
     #[test]
