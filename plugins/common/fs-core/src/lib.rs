@@ -148,7 +148,8 @@ impl ReadDeny {
 
 /// Whether `opened` lies on a `proc` file system (any mount of one); yes when that cannot
 /// be told, so the caller checks by name. `mount` is the unique id of its mount when
-/// known ([`STATX_MNT_ID_UNIQUE`]): a mount found not to be `proc` is remembered
+/// known ([`libc::STATX_MNT_ID_UNIQUE`], Linux 6.8: never used again while the system
+/// runs): a mount found not to be `proc` is remembered
 /// ([`NOT_PROC`]), and a file on it asks no `fstatfs`.
 fn on_procfs(opened: std::os::fd::BorrowedFd<'_>, mount: Option<u64>) -> bool {
     use std::sync::atomic::Ordering::Relaxed;
@@ -409,10 +410,6 @@ struct PlainOpened {
     mount: Option<u64>,
 }
 
-/// `STATX_MNT_ID_UNIQUE` (Linux 6.8): a mount's id that is never used again while the
-/// system runs, in place of the reusable `STATX_MNT_ID`.
-const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
-
 /// `real`, an absolute plain path, opened for reading when it names a regular file
 /// reached without following any symbolic link (magic links of `/proc` included); `None`
 /// when it does not, when the kernel lacks `openat2`, or when what was opened is not what
@@ -455,7 +452,7 @@ fn open_plain_regular(real: &Path) -> Option<PlainOpened> {
         StatxFlags::TYPE
             | StatxFlags::INO
             | StatxFlags::SIZE
-            | StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE),
+            | StatxFlags::from_bits_retain(libc::STATX_MNT_ID_UNIQUE),
     )
     .ok()?;
     let same = (opened.stx_dev_major, opened.stx_dev_minor, opened.stx_ino)
@@ -466,7 +463,7 @@ fn open_plain_regular(real: &Path) -> Option<PlainOpened> {
     Some(PlainOpened {
         file: std::fs::File::from(file),
         size: opened.stx_size,
-        mount: (opened.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(opened.stx_mnt_id),
+        mount: (opened.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0).then_some(opened.stx_mnt_id),
     })
 }
 
@@ -1615,10 +1612,10 @@ mod tests {
         use std::os::fd::AsFd;
         use std::sync::atomic::Ordering::Relaxed;
         let unique = |f: &std::fs::File| {
-            let mask = StatxFlags::from_bits_retain(STATX_MNT_ID_UNIQUE);
+            let mask = StatxFlags::from_bits_retain(libc::STATX_MNT_ID_UNIQUE);
             let s = rustix::fs::statx(f, "", AtFlags::EMPTY_PATH, mask).expect("statx");
             assert!(
-                s.stx_mask & STATX_MNT_ID_UNIQUE != 0,
+                s.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0,
                 "this test needs unique mount ids (`STATX_MNT_ID_UNIQUE`, Linux 6.8), which \
                  this kernel does not give: it cannot run here"
             );
