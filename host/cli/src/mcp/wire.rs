@@ -7,13 +7,17 @@
 //! request is parsed straight as one; every other line, and one the short way cannot
 //! parse, goes through rmcp's own codec, so what a client sees (which messages are ignored,
 //! which get an `Invalid Request` answer) stays rmcp's. A response is written in one
-//! piece, encoded before the writer is taken.
+//! piece, encoded before the writer is taken; the long texts of a tool's result are
+//! escaped apart, with SIMD instructions (see [`encode`]).
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 
-use rmcp::model::{CallToolRequest, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcRequest};
+use rmcp::model::{
+    CallToolRequest, ClientRequest, ContentBlock, ErrorData, JsonRpcMessage, JsonRpcRequest,
+    JsonRpcResponse, ServerResult,
+};
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
 use rmcp::transport::Transport;
@@ -110,7 +114,7 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let encoded = encode(&item);
+        let encoded = encode(item);
         let write = self.write.clone();
         async move { write_line(&write, encoded?).await }
     }
@@ -168,11 +172,97 @@ where
     }
 }
 
-/// One message as a line.
-fn encode(message: &TxJsonRpcMessage<RoleServer>) -> std::io::Result<Vec<u8>> {
-    let mut line = serde_json::to_vec(message)?;
+/// A text of a tool's result at least this long is escaped apart; a shorter one by serde.
+const LONG_TEXT: usize = 64;
+
+/// A text longer than this is serde's too: the SIMD escaper reserves six times a text's
+/// length while it writes, which for a text this long outweighs what it saves.
+const LONGEST_APART: usize = 1024 * 1024;
+
+/// What a long text is while the rest of its message is serialized: a string no tool's
+/// text is (a text of this length is not taken apart), and what serde makes of it.
+const STAND_IN: &str = "\0cordis-text\0";
+const STAND_IN_JSON: &[u8] = br#""\u0000cordis-text\u0000""#;
+
+/// One message as a line: serde's JSON, byte for byte. The long texts of a tool's result
+/// (a page of a file, a command's output) are escaped with SIMD instructions
+/// (`json_escape_simd`, the same JSON): serde's escaping looks at one byte at a time, and
+/// was a quarter of the host's instructions for a 4 KiB `read`. Each text stands in as
+/// [`STAND_IN`] while serde writes the rest, then takes its place; a message whose JSON
+/// holds the stand-in anywhere else is written by serde whole.
+fn encode(mut message: TxJsonRpcMessage<RoleServer>) -> std::io::Result<Vec<u8>> {
+    let texts = take_long_texts(&mut message);
+    let mut line = serde_json::to_vec(&message)?;
+    if !texts.is_empty() {
+        match splice(&line, &texts) {
+            Some(spliced) => line = spliced,
+            None => {
+                put_back(&mut message, texts);
+                line = serde_json::to_vec(&message)?;
+            }
+        }
+    }
     line.push(b'\n');
     Ok(line)
+}
+
+/// The blocks of a tool's result whose text is long, by index, each text taken out and
+/// [`STAND_IN`] left in its place.
+fn take_long_texts(message: &mut TxJsonRpcMessage<RoleServer>) -> Vec<(usize, String)> {
+    let JsonRpcMessage::Response(JsonRpcResponse {
+        result: ServerResult::CallToolResult(result),
+        ..
+    }) = message
+    else {
+        return Vec::new();
+    };
+    let mut texts = Vec::new();
+    for (i, block) in result.content.iter_mut().enumerate() {
+        if let ContentBlock::Text(t) = block {
+            if (LONG_TEXT..=LONGEST_APART).contains(&t.text.len()) {
+                texts.push((i, std::mem::replace(&mut t.text, STAND_IN.to_string())));
+            }
+        }
+    }
+    texts
+}
+
+/// The texts [`take_long_texts`] took, back in their blocks.
+fn put_back(message: &mut TxJsonRpcMessage<RoleServer>, texts: Vec<(usize, String)>) {
+    if let JsonRpcMessage::Response(JsonRpcResponse {
+        result: ServerResult::CallToolResult(result),
+        ..
+    }) = message
+    {
+        for (i, text) in texts {
+            if let Some(ContentBlock::Text(t)) = result.content.get_mut(i) {
+                t.text = text;
+            }
+        }
+    }
+}
+
+/// `json` with each [`STAND_IN_JSON`] replaced by its text, escaped, in order; `None` when
+/// the stand-in occurs other than once per text (another string of the message holds it).
+fn splice(json: &[u8], texts: &[(usize, String)]) -> Option<Vec<u8>> {
+    static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(STAND_IN_JSON));
+    let at: Vec<usize> = FINDER.find_iter(json).collect();
+    if at.len() != texts.len() {
+        return None;
+    }
+    let longest = texts.iter().map(|(_, t)| t.len()).max().unwrap_or(0);
+    // Room for the texts as they are, and for the escaper's scratch past the longest.
+    let room = texts.iter().map(|(_, t)| t.len() + 2).sum::<usize>() + longest * 5 + 35;
+    let mut line = Vec::with_capacity(json.len() + room);
+    let mut from = 0;
+    for (&i, (_, text)) in at.iter().zip(texts) {
+        line.extend_from_slice(&json[from..i]);
+        json_escape_simd::escape_into(text, &mut line);
+        from = i + STAND_IN_JSON.len();
+    }
+    line.extend_from_slice(&json[from..]);
+    Some(line)
 }
 
 async fn write_line<W: AsyncWrite + Unpin>(
@@ -369,6 +459,89 @@ mod tests {
         ));
         assert!(matches!(parse(b"not json"), Parsed::Skipped));
         assert!(matches!(parse(b"\r\n"), Parsed::Skipped));
+    }
+
+    /// A `tools/call` response of `content`, as a handler gives it to the transport.
+    fn response(result: rmcp::model::CallToolResult) -> TxJsonRpcMessage<RoleServer> {
+        JsonRpcMessage::response(
+            ServerResult::CallToolResult(result),
+            rmcp::model::RequestId::Number(7),
+        )
+    }
+
+    /// Whether [`encode`] took `message`'s long texts apart and put them back in place.
+    fn spliced(message: &TxJsonRpcMessage<RoleServer>) -> bool {
+        let mut taken = message.clone();
+        let texts = take_long_texts(&mut taken);
+        !texts.is_empty()
+            && splice(&serde_json::to_vec(&taken).expect("serialize"), &texts).is_some()
+    }
+
+    #[test]
+    fn a_response_is_serdes_json_byte_for_byte_its_long_texts_escaped_apart() {
+        use rmcp::model::CallToolResult;
+        let page = "0123456789abcdef\n".repeat(256);
+        let every_ascii: String = (0u8..0x80).map(char::from).collect();
+        let mixed = "tab\t, \"quote\", back\\slash, é, 日本語, \u{1F600}, \u{7f}\r\n".repeat(9);
+        let at_the_edge = "x".repeat(LONG_TEXT - 1);
+        let just_long = "\"".repeat(LONG_TEXT);
+        // A long text holding the stand-in is a text like any other.
+        let holds_it = format!("{STAND_IN}{}{STAND_IN}", "y".repeat(LONG_TEXT));
+        let text = |t: &str| ContentBlock::text(t.to_string());
+        let mut with_everything = CallToolResult::error(vec![
+            text(&page),
+            text("short"),
+            ContentBlock::image("aGk=", "image/png"),
+            text(&mixed),
+        ]);
+        with_everything.structured_content = Some(serde_json::json!({"lines": 256, "note": "é"}));
+        let mut meta = serde_json::Map::new();
+        meta.insert("k".into(), serde_json::json!("v"));
+        with_everything.meta = Some(rmcp::model::MetaObject(meta));
+        let spliced_cases = [
+            CallToolResult::success(vec![text(&page)]),
+            CallToolResult::success(vec![text(&every_ascii.repeat(3))]),
+            CallToolResult::success(vec![text(&just_long), text(&at_the_edge), text(&page)]),
+            CallToolResult::success(vec![text(&holds_it)]),
+            CallToolResult::success(vec![text(&"z\n".repeat(LONGEST_APART / 2))]),
+            with_everything,
+        ];
+        // The stand-in elsewhere in the message: serde writes it whole.
+        let mut elsewhere = CallToolResult::success(vec![text(&page)]);
+        elsewhere.structured_content = Some(serde_json::json!({ "s": STAND_IN }));
+        let whole_cases = [
+            elsewhere,
+            // A short text that is the stand-in is serde's, so the message is too.
+            CallToolResult::success(vec![text(&holds_it), text(STAND_IN)]),
+            CallToolResult::success(vec![text(&at_the_edge)]),
+            CallToolResult::success(vec![text(&"z\n".repeat(LONGEST_APART / 2 + 1))]),
+            CallToolResult::success(vec![]),
+        ];
+        for (result, fast) in spliced_cases
+            .into_iter()
+            .map(|r| (r, true))
+            .chain(whole_cases.into_iter().map(|r| (r, false)))
+        {
+            let message = response(result);
+            let mut serde = serde_json::to_vec(&message).expect("serialize");
+            serde.push(b'\n');
+            assert_eq!(spliced(&message), fast, "{message:?}");
+            let ours = encode(message.clone()).expect("encode");
+            assert!(
+                ours == serde,
+                "{message:?}\nours:  {}\nserde: {}",
+                String::from_utf8_lossy(&ours),
+                String::from_utf8_lossy(&serde)
+            );
+        }
+        // Other messages are serde's as they are.
+        let ping = TxJsonRpcMessage::<RoleServer>::response(
+            ServerResult::empty(()),
+            rmcp::model::RequestId::Number(1),
+        );
+        let mut serde = serde_json::to_vec(&ping).expect("serialize");
+        serde.push(b'\n');
+        assert_eq!(encode(ping).expect("encode"), serde);
     }
 
     #[tokio::test]
