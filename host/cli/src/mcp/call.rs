@@ -81,12 +81,79 @@ pub(super) struct Running {
     pub(super) session: String,
     pub(super) tool: String,
     pub(super) join: JoinHandle<Finished>,
+    /// How long the call's thread ran, in nanoseconds plus one, once it has; 0 before.
+    pub(super) ran: Arc<AtomicU64>,
     pub(super) asks: mpsc::UnboundedReceiver<Ask>,
     pub(super) started: Instant,
     /// The tool's progress reports, while it may send any.
     pub(super) feed: Option<Feed>,
     /// What it reported last (each field as last reported).
     pub(super) reported: cordis_sdk::Progress,
+}
+
+impl Running {
+    /// How long the call's thread ran, once it has.
+    fn ran_for(&self) -> Option<Duration> {
+        match self.ran.load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns - 1)),
+        }
+    }
+
+    /// The call's end if it comes within [`SPIN_FOR`], waited for spinning.
+    fn spin_for_end(&mut self) -> Option<Result<Finished, tokio::task::JoinError>> {
+        let until = Instant::now() + SPIN_FOR;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            // Polled once the thread is done, so the task's budget is not spent waiting.
+            if self.ran.load(Ordering::Acquire) != 0 {
+                if let std::task::Poll::Ready(finished) =
+                    std::future::Future::poll(std::pin::Pin::new(&mut self.join), &mut cx)
+                {
+                    return Some(finished);
+                }
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// The longest a connection's only protocol thread waits, spinning, for the end of a call
+/// it expects to be short ([`Quick`]).
+pub(super) const SPIN_FOR: Duration = Duration::from_micros(60);
+
+/// The tools whose last call on this connection ran within [`SPIN_FOR`]. A call runs on
+/// the blocking pool, and its end wakes the thread that answers it; where that is the
+/// connection's only thread (stdio), the thread sleeps meanwhile, and waking a sleeping
+/// thread costs about as much as a short call (more on a virtual machine). For a call of
+/// such a tool the thread waits spinning instead, at most [`SPIN_FOR`] (the connection's
+/// other messages wait as long); a call that ran longer takes its tool off the list.
+#[derive(Default)]
+pub(super) struct Quick(Mutex<HashSet<String>>);
+
+impl Quick {
+    pub(super) fn expects_short(&self, tool: &str) -> bool {
+        lock(&self.0).contains(tool)
+    }
+
+    pub(super) fn record(&self, tool: &str, ran: Duration) {
+        let mut quick = lock(&self.0);
+        if ran > SPIN_FOR {
+            quick.remove(tool);
+        } else if !quick.contains(tool) {
+            quick.insert(tool.to_string());
+        }
+    }
+}
+
+/// Whether this task runs on a runtime of one thread (stdio's), where a spin waits for
+/// nothing else the thread should be doing but the connection's own messages.
+fn one_thread() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread)
 }
 
 /// The next report of `feed`; `None` at its end.
@@ -275,7 +342,10 @@ impl McpServer {
         let runtime = self.shared.hub.runtime.clone();
         let shared = Arc::downgrade(&self.shared);
         let name = tool.clone();
+        let ran = Arc::new(AtomicU64::new(0));
+        let ran_in = ran.clone();
         let join = tokio::task::spawn_blocking(move || {
+            let began = Instant::now();
             let result = runtime.call_tool(&name, &call, &args);
             let context = runtime.model_context(Some(&call.session.id));
             // Whoever takes the write end out first decides: a cancel closes it, the end
@@ -287,6 +357,8 @@ impl McpServer {
                 CANCEL_PIPES.keep((rd, wr));
             }
             drop(progress_wr);
+            let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+            ran_in.store(ns + 1, Ordering::Release);
             (result, context)
         });
         Running {
@@ -294,6 +366,7 @@ impl McpServer {
             session: session.id.clone(),
             tool,
             join,
+            ran,
             asks,
             started: Instant::now(),
             feed,
@@ -319,12 +392,14 @@ impl McpServer {
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if self.shared.quick.expects_short(&running.tool) && one_thread() {
+            if let Some(finished) = running.spin_for_end() {
+                return self.ended(&running, finished);
+            }
+        }
         loop {
             tokio::select! {
-                finished = &mut running.join => {
-                    lock(&self.shared.calls).remove(&running.call_id);
-                    return self.finish(&running.tool, finished).into();
-                }
+                finished = &mut running.join => return self.ended(&running, finished),
                 Some(ask) = running.asks.recv() => {
                     let elicits = elicitation_supported(context);
                     if elicits && is_modern(context) {
@@ -391,6 +466,19 @@ impl McpServer {
         });
     }
 
+    /// A driven call's end: its approvals' route closed, its tool's speed noted.
+    fn ended(
+        &self,
+        running: &Running,
+        finished: Result<Finished, tokio::task::JoinError>,
+    ) -> CallToolResponse {
+        lock(&self.shared.calls).remove(&running.call_id);
+        if let Some(ran) = running.ran_for() {
+            self.shared.quick.record(&running.tool, ran);
+        }
+        self.finish(&running.tool, finished).into()
+    }
+
     /// The tool's result as MCP content, with the model context when it changed.
     pub(super) fn finish(
         &self,
@@ -441,6 +529,84 @@ mod tests {
         let ready = unsafe { libc::poll(&mut poll, 1, 0) };
         assert!(ready >= 0, "poll: {}", std::io::Error::last_os_error());
         ready == 1
+    }
+
+    #[test]
+    fn a_tool_is_quick_while_its_last_call_ran_within_the_spin() {
+        let quick = Quick::default();
+        assert!(!quick.expects_short("read"), "a tool never called");
+        quick.record("read", Duration::from_micros(17));
+        assert!(quick.expects_short("read"));
+        assert!(!quick.expects_short("bash"));
+        quick.record("read", SPIN_FOR + Duration::from_nanos(1));
+        assert!(!quick.expects_short("read"), "a call that ran longer");
+        quick.record("read", SPIN_FOR);
+        assert!(quick.expects_short("read"));
+    }
+
+    #[test]
+    fn only_a_runtime_of_one_thread_spins() {
+        assert!(!one_thread(), "outside any runtime");
+        let one = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(one.block_on(async { one_thread() }));
+        let many = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        assert!(!many.block_on(async { one_thread() }));
+    }
+
+    /// A call running `f` on the blocking pool, as [`McpServer::start_call`] starts one.
+    fn running(f: impl FnOnce() + Send + 'static) -> Running {
+        let ran = Arc::new(AtomicU64::new(0));
+        let ran_in = ran.clone();
+        let join = tokio::task::spawn_blocking(move || {
+            f();
+            ran_in.store(1 + 5_000, Ordering::Release);
+            (Ok(ToolResult::ok("done")), String::new())
+        });
+        Running {
+            call_id: "c-1".into(),
+            session: "s".into(),
+            tool: "read".into(),
+            join,
+            ran,
+            asks: mpsc::unbounded_channel().1,
+            started: Instant::now(),
+            feed: None,
+            reported: cordis_sdk::Progress::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_spin_takes_a_call_that_has_ended_and_gives_up_on_one_that_has_not() {
+        let mut ended = running(|| {});
+        while !ended.join.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match ended.spin_for_end() {
+            Some(Ok((Ok(result), _))) => assert_eq!(result.text, "done"),
+            other => panic!("the ended call was not taken: {other:?}"),
+        }
+        assert_eq!(ended.ran_for(), Some(Duration::from_micros(5)));
+
+        let (go, wait) = std_mpsc::channel::<()>();
+        let mut waiting = running(move || {
+            let _ = wait.recv();
+        });
+        let spun = Instant::now();
+        assert!(waiting.spin_for_end().is_none(), "a call still running");
+        assert!(
+            spun.elapsed() >= SPIN_FOR,
+            "gave up early: {:?}",
+            spun.elapsed()
+        );
+        assert_eq!(waiting.ran_for(), None);
+        go.send(()).unwrap();
+        let (result, _) = (&mut waiting.join).await.expect("the call");
+        assert_eq!(result.expect("known tool").text, "done");
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //! handshake-era client's elicitation races one (the first answer counts). Without either,
 //! the answer is `unavailable`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -24,6 +24,8 @@ pub(super) struct Shared {
     pub(super) mcp_session: std::sync::OnceLock<String>,
     /// The handle of a 2026-07-28 client's session over HTTP ([`handles`]).
     pub(super) handle: std::sync::OnceLock<String>,
+    /// The tools whose calls the protocol's thread waits for spinning.
+    pub(super) quick: Quick,
 }
 
 impl Shared {
@@ -82,6 +84,7 @@ impl McpServer {
             peer: std::sync::OnceLock::new(),
             mcp_session: std::sync::OnceLock::new(),
             handle: std::sync::OnceLock::new(),
+            quick: Quick::default(),
         });
         lock(&shared.hub.live).insert(id, Arc::downgrade(&shared));
         McpServer { shared }
