@@ -392,7 +392,7 @@ impl McpServer {
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        if self.shared.quick.expects_short(&running.tool) && one_thread() {
+        if one_thread() && self.shared.quick.expects_short(&running.tool) {
             if let Some(finished) = running.spin_for_end() {
                 return self.ended(&running, finished);
             }

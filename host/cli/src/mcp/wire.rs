@@ -206,14 +206,23 @@ fn encode(mut message: TxJsonRpcMessage<RoleServer>) -> std::io::Result<Vec<u8>>
     Ok(line)
 }
 
+/// The result of a `tools/call`, when `message` answers one.
+fn tool_result(
+    message: &mut TxJsonRpcMessage<RoleServer>,
+) -> Option<&mut rmcp::model::CallToolResult> {
+    match message {
+        JsonRpcMessage::Response(JsonRpcResponse {
+            result: ServerResult::CallToolResult(result),
+            ..
+        }) => Some(result),
+        _ => None,
+    }
+}
+
 /// The blocks of a tool's result whose text is long, by index, each text taken out and
 /// [`STAND_IN`] left in its place.
 fn take_long_texts(message: &mut TxJsonRpcMessage<RoleServer>) -> Vec<(usize, String)> {
-    let JsonRpcMessage::Response(JsonRpcResponse {
-        result: ServerResult::CallToolResult(result),
-        ..
-    }) = message
-    else {
+    let Some(result) = tool_result(message) else {
         return Vec::new();
     };
     let mut texts = Vec::new();
@@ -229,15 +238,12 @@ fn take_long_texts(message: &mut TxJsonRpcMessage<RoleServer>) -> Vec<(usize, St
 
 /// The texts [`take_long_texts`] took, back in their blocks.
 fn put_back(message: &mut TxJsonRpcMessage<RoleServer>, texts: Vec<(usize, String)>) {
-    if let JsonRpcMessage::Response(JsonRpcResponse {
-        result: ServerResult::CallToolResult(result),
-        ..
-    }) = message
-    {
-        for (i, text) in texts {
-            if let Some(ContentBlock::Text(t)) = result.content.get_mut(i) {
-                t.text = text;
-            }
+    let Some(result) = tool_result(message) else {
+        return;
+    };
+    for (i, text) in texts {
+        if let Some(ContentBlock::Text(t)) = result.content.get_mut(i) {
+            t.text = text;
         }
     }
 }
