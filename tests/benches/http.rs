@@ -9,7 +9,9 @@
 //! - the baselines, in the same run: the same `read` over stdio and over HTTP by one
 //!   client alone, and the 64 read clients without the bash clients;
 //! - the stateless 2026-07-28 protocol against the session protocol: one client, and 64
-//!   clients, each carrying its session's handle.
+//!   clients, each carrying its session's handle;
+//! - (`-- ratio`) one client's HTTP `read` against stdio's, in rounds timing both back to
+//!   back.
 //!
 //! Run with `cargo bench -p cordis-e2e --bench http`. The load generator shares the machine's
 //! cores with the server. Latencies of whole requests are timed directly (criterion's
@@ -454,12 +456,56 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let parts: [(&str, fn()); 2] = [("reads", reads), ("shell", shell_beside_reads)];
+    let parts: [(&str, fn()); 3] = [
+        ("reads", reads),
+        ("ratio", ratio_rounds),
+        ("shell", shell_beside_reads),
+    ];
     for (name, part) in parts {
         if wanted.is_empty() || wanted.iter().any(|w| w == name) {
             part();
         }
     }
+}
+
+/// Rounds of the HTTP/stdio ratio.
+const RATIO_ROUNDS: usize = 7;
+/// Reads per client and protocol in a round.
+const RATIO_READS: usize = 2_000;
+
+/// The ratio of one client's `read` over HTTP to the same over stdio, each round timing
+/// both back to back on fresh servers: on a machine whose speed drifts from minute to
+/// minute, the median of the rounds' ratios is steadier than one ratio of two runs.
+fn ratio_rounds() {
+    let s = Scratch::with_bundled_manifest();
+    s.write("data.txt", &"0123456789abcdef".repeat(256));
+    let read_args = serde_json::json!({ "path": "data.txt" });
+    println!("HTTP against stdio, one client, {RATIO_ROUNDS} rounds of {RATIO_READS} reads each:");
+    let mut ratios: Vec<f64> = (0..RATIO_ROUNDS)
+        .map(|round| {
+            let mut stdio = StdioClient::start(&s);
+            let samples = stdio.time_calls(RATIO_READS, "read", &read_args);
+            stdio.finish();
+            let (stdio_p50, _) = summarize(samples);
+            let server = Server::start(&s, &["--no-watch"]);
+            let outcome = load(&server, (1, RATIO_READS, 0), None, Protocol::Session, None);
+            assert_eq!(outcome.failures, 0, "HTTP reads failed");
+            let (http_p50, _) = summarize(outcome.reads);
+            let ratio = http_p50 / stdio_p50;
+            println!(
+                "  round {}: HTTP p50 {:>10}  stdio p50 {:>10}  ratio {ratio:.2}",
+                round + 1,
+                human(http_p50),
+                human(stdio_p50)
+            );
+            ratio
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "  median ratio read p50 HTTP / stdio {:.2} (target at most 1.5)",
+        ratios[ratios.len() / 2]
+    );
 }
 
 /// The `bash` clients' rate, all together, when reads are compared with and without

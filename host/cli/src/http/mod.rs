@@ -23,6 +23,8 @@
 //!   calls are cancelled when it ends (a running command is killed);
 //! - SIGTERM stops taking new sessions and calls, gives the calls in flight a deadline,
 //!   then cancels what remains and closes the connections.
+//!
+//! A POST's answer is written in one piece when it comes soon ([`answers`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,7 @@ use cordis_engine::Runtime;
 use crate::mcp::handles::Principal;
 use crate::mcp::{hex, random_bytes, Hub, McpOptions, McpServer, Shutdown, ToolListNotifier};
 
+mod answers;
 mod approvals;
 pub mod connections;
 pub mod oauth;
@@ -199,6 +202,7 @@ pub async fn serve_http(
     };
     let mcp_routes = axum::Router::new()
         .nest_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn(answers::whole_when_quick))
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(Gate {
                 hub: hub.clone(),
