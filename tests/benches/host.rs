@@ -10,7 +10,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use cordis_e2e::bench::{criterion_estimate_ns, human, interleaved_medians, print_ratio};
+use cordis_e2e::bench::{criterion_estimate_ns, human, interleaved_medians, median, print_ratio};
 use cordis_e2e::{McpStdio, Scratch};
 use cordis_example_api::{Greeter, GreeterClient};
 use criterion::Criterion;
@@ -133,10 +133,6 @@ fn ready_to_serve() {
         );
         assert!(mcp.finish().success());
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "  `cordis run` (bundled cordis.yml) spawned -> initialize answered {}, -> tools/list answered {} (median of {runs})",
         human(median(initialized)),

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordis_e2e::bench::{human, resident_kib, summarize, StdioClient};
+use cordis_e2e::bench::{human, median, resident_kib, summarize, StdioClient};
 use cordis_e2e::{library, replace_file, KillOnDrop, Scratch};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -504,10 +504,6 @@ fn ratio_rounds() {
             ratio
         })
         .collect();
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
     println!(
         "  medians of the rounds: HTTP p50 {}  stdio p50 {}  ratio {:.2} (target at most 1.5)",
         human(median(https)),
@@ -643,7 +639,7 @@ fn reads() {
     let _traces = cordis_cli::traces::export_to("http://127.0.0.1:9", "tcp").expect("traces");
     // Rounds smaller than the batch queue (2,048 spans), so none is dropped unrecorded,
     // with time between for the exporter to empty it; the median round.
-    let mut rounds: Vec<f64> = (0..7)
+    let rounds: Vec<f64> = (0..7)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(300));
             let on_spans = 1_500u32;
@@ -654,8 +650,7 @@ fn reads() {
             timed.elapsed().as_nanos() as f64 / f64::from(on_spans)
         })
         .collect();
-    rounds.sort_by(f64::total_cmp);
-    let on = rounds[rounds.len() / 2];
+    let on = median(rounds);
     println!(
         "traces: a request's span costs {} with no endpoint ({:.3}% of the HTTP read p50) and {} exporting ({:.3}%; target under 5%)",
         human(off),

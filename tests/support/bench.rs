@@ -34,13 +34,13 @@ pub fn interleaved_medians(rounds: usize, subjects: &mut [&mut dyn FnMut()]) -> 
             times[i].push(t.elapsed().as_nanos() as f64);
         }
     }
-    times
-        .into_iter()
-        .map(|mut v| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        })
-        .collect()
+    times.into_iter().map(median).collect()
+}
+
+/// The median of `values` (the upper one of an even count).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// Formats nanoseconds with a unit a person reads at a glance.
